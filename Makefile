@@ -1,0 +1,81 @@
+# Entry points. `make demo` and `make test` are the two commands of README.md.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV        ?= .venv
+CACHE       ?= $(CURDIR)/.cache
+BASE_IMAGE  ?= local/bookworm-systemd
+PYTHON      ?= python3
+
+export DEPLOY_CACHE_DIR := $(CACHE)
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+TOOLS_VENV  := $(CACHE)/venvs/transformers-cpu
+WHEELHOUSE  := $(CACHE)/wheelhouse/transformers-cpu
+TINY_MODEL  := $(CACHE)/models/tiny-qwen3.5
+CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
+
+.PHONY: help demo test setup collections image wheelhouse tools-venv model sim-up sim-down \
+        lint pytest molecule clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
+
+demo: setup sim-up model ## set up, deploy to the local sim host, print the gate report
+	ansible-playbook deploy.yml -l sim
+
+test: setup lint pytest molecule ## every test: lint, pytest, molecule scenarios
+
+setup: $(VENV)/.installed collections image wheelhouse ## controller venv, collections, base image, wheelhouse
+
+$(VENV)/.installed: requirements/controller.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -r requirements/controller.txt
+	touch $@
+
+collections: $(VENV)/.installed ## make the collections in requirements.yml available (offline-safe)
+	ansible-galaxy collection install -r requirements.yml
+
+image: ## build the local systemd base image if it is missing
+	tools/build-base-image $(BASE_IMAGE)
+
+wheelhouse: $(WHEELHOUSE)/.complete ## download the CPU profile's wheels once
+
+$(WHEELHOUSE)/.complete: $(CPU_LOCK) tools/build-bundle
+	$(PYTHON) tools/build-bundle --lock $(CPU_LOCK) --out $(WHEELHOUSE)
+	touch $@
+
+tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)
+
+$(TOOLS_VENV)/.installed: $(WHEELHOUSE)/.complete
+	$(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_VENV)/bin/pip install -q --no-index --no-deps --find-links $(WHEELHOUSE) -r $(CPU_LOCK)
+	touch $@
+
+model: $(TINY_MODEL)/config.json ## generate the tiny rehearsal model (fixed seed, offline)
+
+$(TINY_MODEL)/config.json: tools/make-tiny-model $(TOOLS_VENV)/.installed
+	$(TOOLS_VENV)/bin/python tools/make-tiny-model --out $(TINY_MODEL)
+
+sim-up: setup ## start the local sim host (systemd container "sim")
+	ansible-playbook playbooks/sim-host.yml
+
+sim-down: ## remove the local sim host
+	ansible-playbook playbooks/sim-host.yml -e sim_host_state=absent
+
+lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argument_specs check
+	yamllint -s .
+	ansible-lint
+	$(VENV)/bin/python tools/check-argument-specs
+
+pytest: setup tools-venv ## unit and integration tests (tests/)
+	$(VENV)/bin/pytest -q tests
+
+molecule: setup model ## all molecule scenarios
+	molecule test --all
+
+clean: sim-down ## remove the sim host and local caches
+	rm -rf $(CACHE)

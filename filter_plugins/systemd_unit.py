@@ -1,0 +1,63 @@
+"""Filters that render an argv and an environment into systemd unit syntax.
+
+``systemd_exec_lines`` turns an argv into ExecStart= continuation lines, one flag and its
+value(s) per line, each word quoted for systemd. ``systemd_quote`` quotes one word, and
+``systemd_env_line`` renders one ``Environment=`` assignment.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Characters that are safe unquoted in a systemd command line word.
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_quote(word: Any) -> str:
+    """Quote one word for an ExecStart= line.
+
+    ``$`` becomes ``$$`` (no variable expansion) and ``%`` becomes ``%%`` (no unit
+    specifiers), so the process receives exactly ``word``.
+    """
+    text = str(word)
+    escaped = text.replace("%", "%%").replace("$", "$$")
+    if text and _SAFE_WORD.match(text):
+        return escaped
+    escaped = escaped.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def systemd_exec_lines(argv: list[Any]) -> list[str]:
+    """Group an argv into lines: the program and its leading words, then one flag per line.
+
+    >>> systemd_exec_lines(["/v/bin/sglang", "serve", "--port", "30000", "--trust-remote-code"])
+    ['/v/bin/sglang serve', '--port 30000', '--trust-remote-code']
+    """
+    if not argv:
+        raise ValueError("systemd_exec_lines needs a non-empty argv")
+    lines: list[list[str]] = [[]]
+    for word in map(str, argv):
+        if word.startswith("-") and lines[-1]:
+            lines.append([])
+        lines[-1].append(systemd_quote(word))
+    return [" ".join(words) for words in lines]
+
+
+def systemd_env_line(name: str, value: Any) -> str:
+    """Render ``Environment="NAME=value"`` with systemd's quoting rules."""
+    if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
+        raise ValueError(f"'{name}' is not a valid environment variable name")
+    text = str(value).replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
+    return f'Environment="{name}={text}"'
+
+
+class FilterModule:
+    """Ansible filters for rendering systemd units."""
+
+    def filters(self) -> dict[str, Any]:
+        """Map filter names to functions."""
+        return {
+            "systemd_quote": systemd_quote,
+            "systemd_exec_lines": systemd_exec_lines,
+            "systemd_env_line": systemd_env_line,
+        }

@@ -1,0 +1,85 @@
+"""testinfra checks of a rehearsal host after `deploy.yml`: venv, model, unit, service, gate."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+LOCK = REPO / "roles/ml_env/files/locks/transformers-cpu.txt"
+UNIT = "inference-server"
+PORT = 8000
+# What `python -m venv` puts in every venv; not part of the lock.
+SEED_PACKAGES = {"pip", "setuptools", "wheel"}
+
+
+def locked_versions() -> dict[str, str]:
+    """Pins of the CPU lock, by canonical name."""
+    pins = {}
+    for line in LOCK.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+@pytest.fixture(autouse=True)
+def journal_on_failure(host, request):
+    """Print the unit's journal when a check fails, so the reason is in the test log."""
+    yield
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        print(host.run(f"journalctl -u {UNIT} --no-pager -n 200").stdout)
+
+
+def test_venv_is_a_link_to_the_locked_venv(host):
+    link = host.file("/opt/ml-env")
+    assert link.is_symlink
+    assert re.fullmatch(r"/opt/ml-env\.d/[0-9a-f]{12}", link.linked_to)
+
+
+def test_venv_holds_exactly_the_locked_versions(host):
+    record = json.loads(host.file("/opt/ml-env/ml-env-installed.json").content_string)
+    packages = {name: version for name, version in record["packages"].items() if name not in SEED_PACKAGES}
+    assert packages == locked_versions()
+    assert record["engine_import_version"] == locked_versions()["transformers"]
+
+
+def test_model_current_link_points_at_a_complete_revision(host):
+    current = host.file("/srv/models/tiny-qwen3.5/current")
+    assert current.is_symlink
+    index = json.loads(host.file(current.linked_to + "/model.safetensors.index.json").content_string)
+    for shard in set(index["weight_map"].values()):
+        assert host.file(f"{current.linked_to}/{shard}").size > 0
+    assert host.file(f"{current.linked_to}/config.json").is_file
+
+
+def test_unit_renders_one_flag_per_line_and_the_resolved_paths(host):
+    unit = host.file(f"/etc/systemd/system/{UNIT}.service").content_string
+    venv = host.file("/opt/ml-env").linked_to
+    model = host.file("/srv/models/tiny-qwen3.5/current").linked_to
+    assert f"ExecStart={venv}/bin/transformers serve {model} \\" in unit
+    assert "\n    --port 8000 \\\n" in unit
+    assert "KillMode=control-group" in unit
+    assert "Restart=on-failure" in unit
+    assert "EnvironmentFile=/etc/inference-server/secrets.env" in unit
+
+
+def test_secrets_file_is_private_to_root(host):
+    secrets = host.file(f"/etc/{UNIT}/secrets.env")
+    assert (secrets.user, secrets.group, secrets.mode) == ("root", "root", 0o600)
+
+
+def test_service_runs_as_the_dedicated_user_and_is_enabled(host):
+    service = host.service(UNIT)
+    assert service.is_running
+    assert service.is_enabled
+    main_pid = host.run(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
+    assert host.run(f"ps -o user= -p {main_pid}").stdout.strip() == "inference"
+
+
+def test_port_listens_on_loopback_only(host):
+    assert host.socket(f"tcp://127.0.0.1:{PORT}").is_listening
+    assert not host.socket(f"tcp://0.0.0.0:{PORT}").is_listening

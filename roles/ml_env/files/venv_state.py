@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Compare the distributions installed in this interpreter's environment with a lock file.
+
+Run with the venv's own python: ``<venv>/bin/python venv_state.py LOCK``. Prints one JSON
+object: ``installed`` (name -> version), ``missing`` (locked, not installed),
+``mismatched`` ([name, locked, installed]), ``extra`` (installed, not locked; pip's own
+seed packages are ignored). Reads package metadata only: no pip subprocess, no network.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from importlib import metadata
+
+# Packages a fresh venv brings with it; they are tools, not part of the locked set.
+SEED_PACKAGES = {"pip", "setuptools", "wheel", "pkg-resources"}
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(path: str) -> dict[str, str]:
+    """Map canonical name -> pinned version for every ``name==version`` line of the lock."""
+    pins: dict[str, str] = {}
+    with open(path, encoding="utf-8") as handle:
+        for raw in handle:
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            name, sep, version = line.partition("==")
+            if not sep:
+                raise SystemExit(f"{path}: '{line}' is not pinned with ==")
+            name = name.split("[", 1)[0]
+            pins[canonical(name)] = version.strip()
+    return pins
+
+
+def installed() -> dict[str, str]:
+    """Map canonical name -> version of every distribution visible to this interpreter."""
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name:
+            found[canonical(name)] = dist.version
+    return found
+
+
+def compare(pins: dict[str, str], have: dict[str, str]) -> dict[str, object]:
+    """Describe how ``have`` differs from ``pins``."""
+    missing = sorted(n for n in pins if n not in have)
+    mismatched = sorted([n, pins[n], have[n]] for n in pins if n in have and have[n] != pins[n])
+    extra = sorted(n for n in have if n not in pins and n not in SEED_PACKAGES)
+    return {"installed": dict(sorted(have.items())), "missing": missing,
+            "mismatched": mismatched, "extra": extra,
+            "in_sync": not (missing or mismatched or extra)}
+
+
+def main() -> int:
+    """Entry point."""
+    if len(sys.argv) != 2:
+        print("usage: venv_state.py LOCK", file=sys.stderr)
+        return 2
+    print(json.dumps(compare(read_lock(sys.argv[1]), installed())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

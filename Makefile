@@ -17,8 +17,10 @@ TOOLS_VENV  := $(CACHE)/venvs/transformers-cpu
 WHEELHOUSE  := $(CACHE)/wheelhouse/transformers-cpu
 TINY_MODEL  := $(CACHE)/models/tiny-qwen3.5
 CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
+# The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
+export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
-.PHONY: help demo test setup collections image wheelhouse tools-venv model sim-up sim-down \
+.PHONY: help demo test setup collections image image-mlenv wheelhouse tools-venv model sim-up sim-down \
         lint pytest molecule clean
 
 help: ## list the targets
@@ -41,6 +43,10 @@ collections: $(VENV)/.installed ## make the collections in requirements.yml avai
 
 image: ## build the local systemd base image if it is missing
 	tools/build-base-image $(BASE_IMAGE)
+
+image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenarios start from it)
+	docker image inspect $(MLENV_IMAGE) >/dev/null 2>&1 || \
+	  ansible-playbook playbooks/bake-sim-image.yml -e bake_image=$(MLENV_IMAGE)
 
 wheelhouse: $(WHEELHOUSE)/.complete ## download the CPU profile's wheels once
 
@@ -74,7 +80,7 @@ lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argumen
 pytest: setup tools-venv ## unit and integration tests (tests/)
 	$(VENV)/bin/pytest -q tests
 
-molecule: setup model ## all molecule scenarios
+molecule: setup model image-mlenv ## all molecule scenarios
 	molecule test --all
 
 clean: sim-down ## remove the sim host and local caches

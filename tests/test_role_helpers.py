@@ -1,0 +1,100 @@
+"""Host-side helpers of the roles, run for real on this machine."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV_STATE = REPO / "roles/ml_env/files/venv_state.py"
+HOST_FACTS = REPO / "roles/preflight/files/host_facts.py"
+CHECK_SPECS = REPO / "tools/check-argument-specs"
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory) -> Path:
+    """A fresh venv without pip: only the seed-free interpreter."""
+    path = tmp_path_factory.mktemp("venv") / "v"
+    venv.create(path, with_pip=False)
+    return path
+
+
+def run_state(python: Path, lock: Path) -> dict:
+    """Run venv_state.py with ``python`` against ``lock``."""
+    out = subprocess.run([str(python), str(VENV_STATE), str(lock)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_venv_state_reports_missing_and_in_sync(bare_venv, tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# comment\nSome_Package==1.0\n")
+    state = run_state(bare_venv / "bin/python", lock)
+    assert state["missing"] == ["some-package"] and not state["in_sync"]
+    lock.write_text("")
+    assert run_state(bare_venv / "bin/python", lock)["in_sync"]
+
+
+def test_venv_state_reports_mismatch_and_extra(tmp_path):
+    """The controller venv has pytest installed: pin it wrong, leave the rest extra."""
+    lock = tmp_path / "lock.txt"
+    lock.write_text("pytest==0.0.1\n")
+    state = run_state(Path(sys.executable), lock)
+    assert state["mismatched"][0][:2] == ["pytest", "0.0.1"]
+    assert "pluggy" in state["extra"]
+    assert "pip" not in state["extra"]
+
+
+def test_venv_state_refuses_an_unpinned_lock(bare_venv, tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("requests>=2\n")
+    out = subprocess.run([str(bare_venv / "bin/python"), str(VENV_STATE), str(lock)], capture_output=True, text=True)
+    assert out.returncode != 0 and "not pinned" in out.stderr
+
+
+def test_host_facts_names_the_process_on_a_port():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
+                                          capture_output=True, text=True, check=True).stdout)
+    assert facts["port"]["listening"] is True
+    assert facts["port"]["pid"] is not None
+    assert "pytest" in facts["port"]["command"] or "python" in facts["port"]["command"]
+    assert facts["glibc"].count(".") == 1
+
+
+def test_host_facts_on_a_free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert facts["port"] == {"listening": False, "pid": None, "command": None, "user": None, "unit": None}
+
+
+def test_check_argument_specs_passes_on_the_repository():
+    out = subprocess.run([sys.executable, str(CHECK_SPECS)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def test_check_argument_specs_finds_drift(tmp_path):
+    role = tmp_path / "roles/demo"
+    (role / "tasks").mkdir(parents=True)
+    (role / "defaults").mkdir()
+    (role / "meta").mkdir()
+    (role / "defaults/main.yml").write_text("demo_a: 1\ndemo_b: x\nother: 2\n")
+    (role / "meta/argument_specs.yml").write_text(
+        "argument_specs:\n  main:\n    options:\n      demo_a: {type: int, default: 2, description: A}\n"
+        "      demo_c: {type: str, description: C}\n")
+    out = subprocess.run([sys.executable, str(CHECK_SPECS), str(tmp_path / "roles")], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert "demo_b is in defaults/main.yml but not in meta/argument_specs.yml" in out.stdout
+    assert "demo_c is in meta/argument_specs.yml but not in defaults/main.yml" in out.stdout
+    assert "demo_a defaults to 1 but argument_specs says 2" in out.stdout
+    assert "other is in defaults/main.yml" in out.stdout

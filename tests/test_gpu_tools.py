@@ -363,6 +363,21 @@ def test_model_archive_is_deterministic(tmp_path: Path) -> None:
         assert tar.getnames() == ["model", "model/config.json", "model/sub", "model/sub/w.bin"]
 
 
+@pytest.mark.parametrize("binaries", [True, False], ids=["xz-and-tar", "python-lzma"])
+def test_unpack_site_with_and_without_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binaries: bool) -> None:
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    payload = os.urandom(300_000)
+    (site / "pkg" / "data.bin").write_bytes(payload)
+    manifest = bb.pack(site, tmp_path / "parts", part_size=50_000, xz_threads=1, xz_level=1)
+    if not binaries:
+        monkeypatch.setattr(ga.shutil, "which", lambda name: None)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    ga.unpack_site(tmp_path / "parts", manifest, dest)
+    assert (dest / "pkg" / "data.bin").read_bytes() == payload
+
+
 def test_receive_and_install_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The device's install path end to end with a fake bundle: venv, site tree, console
     scripts, image site .pth, model at the plan's path."""

@@ -98,3 +98,27 @@ def test_check_argument_specs_finds_drift(tmp_path):
     assert "demo_c is in meta/argument_specs.yml but not in defaults/main.yml" in out.stdout
     assert "demo_a defaults to 1 but argument_specs says 2" in out.stdout
     assert "other is in defaults/main.yml" in out.stdout
+
+
+def test_venv_state_keeps_only_lines_whose_marker_applies(tmp_path):
+    sys.path.insert(0, str(VENV_STATE.parent))
+    import venv_state
+
+    lock = tmp_path / "lock.txt"
+    lock.write_text('a==1 ; python_version < "3.11"  # via x\na==2 ; python_version >= "3.11" and python_version < "3.12"\n'
+                    'a==3 ; python_version >= "3.12"\nb==4\n')
+    assert venv_state.read_lock(str(lock), (3, 10)) == {"a": "1", "b": "4"}
+    assert venv_state.read_lock(str(lock), (3, 11)) == {"a": "2", "b": "4"}
+    assert venv_state.read_lock(str(lock), (3, 12)) == {"a": "3", "b": "4"}
+    lock.write_text('a==1 ; sys_platform == "linux"\n')
+    with pytest.raises(SystemExit, match="unsupported environment marker"):
+        venv_state.read_lock(str(lock), (3, 11))
+
+
+def test_sglang_lock_pins_the_engine_and_the_kernels_fix_on_every_python(repo):
+    sys.path.insert(0, str(VENV_STATE.parent))
+    import venv_state
+
+    for python in ((3, 10), (3, 11), (3, 12)):
+        pins = venv_state.read_lock(str(repo / "roles/ml_env/files/locks/sglang-0.5.11.txt"), python)
+        assert (pins["sglang"], pins["kernels"], pins["torch"]) == ("0.5.11", "0.12.3", "2.11.0")

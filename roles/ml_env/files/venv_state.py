@@ -22,19 +22,44 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def read_lock(path: str) -> dict[str, str]:
-    """Map canonical name -> pinned version for every ``name==version`` line of the lock."""
+_MARKER_CLAUSE = re.compile(r'^python_version\s*(<=|>=|==|!=|<|>)\s*"(\d+(?:\.\d+)*)"$')
+
+
+def marker_applies(marker: str, python: tuple[int, ...]) -> bool:
+    """Evaluate a lock line's environment marker for this interpreter.
+
+    Locks made by tools/lock-profile only use ``python_version`` comparisons joined by
+    ``and``; anything else is refused rather than guessed.
+    """
+    compare = {"<": tuple.__lt__, "<=": tuple.__le__, ">": tuple.__gt__, ">=": tuple.__ge__,
+               "==": tuple.__eq__, "!=": tuple.__ne__}
+    for clause in marker.split(" and "):
+        match = _MARKER_CLAUSE.match(clause.strip())
+        if not match:
+            raise SystemExit(f"unsupported environment marker in lock: '{marker}'")
+        wanted = tuple(int(part) for part in match.group(2).split("."))
+        if not compare[match.group(1)](python[:len(wanted)], wanted):
+            return False
+    return True
+
+
+def read_lock(path: str, python: tuple[int, ...] = sys.version_info[:2]) -> dict[str, str]:
+    """Map canonical name -> pinned version for every ``name==version`` line of the lock
+    whose marker (if any) applies to ``python``."""
     pins: dict[str, str] = {}
     with open(path, encoding="utf-8") as handle:
         for raw in handle:
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue
-            name, sep, version = line.partition("==")
+            requirement, _, marker = line.partition(";")
+            if marker.strip() and not marker_applies(marker.strip(), python):
+                continue
+            name, sep, version = requirement.partition("==")
             if not sep:
                 raise SystemExit(f"{path}: '{line}' is not pinned with ==")
             name = name.split("[", 1)[0]
-            pins[canonical(name)] = version.strip()
+            pins[canonical(name.strip())] = version.strip()
     return pins
 
 

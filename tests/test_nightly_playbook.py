@@ -68,7 +68,7 @@ class ControlNode:
         if check:
             argv.append("--check")
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
-                   ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false")
+                   ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_PIPELINING="true")
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
         try:
             out = json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -203,3 +203,37 @@ def test_bad_variables_are_refused(node):
     out = node.play("-e", "nightly_python=/nonexistent/python", expect_rc=2)
     failed = out["tasks"]["Fail when the tool or its Python is missing"]
     assert "/nonexistent/python does not exist on the control node" in json.dumps(failed)
+
+
+def test_timer_units_render_and_verify_on_this_machine(tmp_path):
+    """Where PID 1 is not systemd (this dev machine): render and verify only, no activation.
+
+    Runs with the local connection the playbook declares; a job name of its own keeps any
+    real nightly entry of this machine's crontab out of reach.
+    """
+    job = "nr-test-%s" % uuid.uuid4().hex[:8]
+    units = tmp_path / "units"
+    units.mkdir()
+    argv = [ansible_bin("ansible-playbook"), str(PLAYBOOK), "-e", "nightly_scheduler=systemd",
+            "-e", "nightly_systemd_activate=false", "-e", "nightly_systemd_unit_dir=%s" % units,
+            "-e", "nightly_python=%s" % sys.executable, "-e", "nightly_artifacts_dir=%s" % (tmp_path / "art"),
+            "-e", "nightly_job_name=%s" % job, "-e", "ansible_python_interpreter=%s" % sys.executable]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false")
+    results = []
+    for _ in range(2):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
+        out = json.loads(proc.stdout[proc.stdout.index("{"):])
+        results.append(({t["task"]["name"]: t["hosts"]["localhost"] for t in out["plays"][0]["tasks"]},
+                        out["stats"]["localhost"]))
+    tasks, stats = results[0]
+    service = (units / ("%s.service" % job)).read_text()
+    assert "ExecStart=%s %s/tools/nightly-deploy --limit ct129" % (sys.executable, REPO) in service
+    assert "StandardOutput=append:%s/nightly.log" % (tmp_path / "art") in service
+    assert "OnCalendar=*-*-* 02:00:00" in (units / ("%s.timer" % job)).read_text()
+    verify = tasks["Verify the rendered units with systemd-analyze"]
+    if Path("/usr/bin/systemd-analyze").exists():
+        assert not verify.get("skipped") and verify["rc"] == 0, verify
+    assert tasks["Enable and start the nightly timer"].get("skipped") is True
+    assert results[1][1]["changed"] == 0  # idempotent

@@ -1,0 +1,217 @@
+"""Render the health gate's figures as a Prometheus textfile for node_exporter.
+
+``{{ report | prometheus_textfile({'host': inventory_hostname}) }}`` returns the text
+exposition format (HELP and TYPE lines, one sample per line, a final newline) that
+node_exporter's textfile collector reads from ``*.prom`` files, e.g.::
+
+    # HELP llm_gate_decode_tokens_per_second Mean decode tokens/s per request measured by the health gate.
+    # TYPE llm_gate_decode_tokens_per_second gauge
+    llm_gate_decode_tokens_per_second{host="ct129"} 52.478
+    # HELP llm_gate_ttft_seconds Time to first token measured by the health gate, by quantile.
+    # TYPE llm_gate_ttft_seconds gauge
+    llm_gate_ttft_seconds{host="ct129",quantile="0.5"} 0.2126
+    llm_gate_ttft_seconds{host="ct129",quantile="0.95"} 0.2139
+    ...
+
+``report`` is either a flat mapping with the keys of ``GATE_FIELDS`` (``decode_tps``,
+``ttft_p50_s``, ``ttft_p95_s``, ``accept_length`` (optional), ``passed``, ``timestamp``)
+or the health_gate module's whole report (schema 1: ``aggregate.decode_tps_mean``, ...);
+``GATE_FIELDS`` is the one place that maps both to the metrics. ``passed`` is required;
+a missing or ``null`` figure (a gate that failed before measuring, an engine without an
+accept length) leaves its samples, HELP and TYPE out. ``timestamp`` is ISO 8601
+(``2026-11-30T02:00:41Z``) or Unix seconds.
+
+Write the text atomically (``ansible.builtin.copy`` with ``content`` renames a temporary
+file into place) to ``/var/lib/node_exporter/textfile_collector/llm_gate.prom``, with
+``changed_when: false``: the figures change on every run, and a measurement is not a
+change to the host (a no-op deploy must report zero changed tasks).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+try:
+    from ansible.errors import AnsibleFilterError
+except ImportError:  # used without Ansible (tests, tools)
+    class AnsibleFilterError(ValueError):  # type: ignore[no-redef]
+        """Stand-in for Ansible's filter error."""
+
+# Input key -> where to find it: first in a flat mapping, then in the gate's full report.
+GATE_FIELDS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
+    "decode_tps": (("decode_tps",), ("aggregate", "decode_tps_mean")),
+    "ttft_p50_s": (("ttft_p50_s",), ("aggregate", "ttft_p50_s")),
+    "ttft_p95_s": (("ttft_p95_s",), ("aggregate", "ttft_p95_s")),
+    "accept_length": (("accept_length",), ("speculative", "accept_length")),
+    "passed": (("passed",),),
+    "timestamp": (("timestamp",),),
+}
+REQUIRED_FIELDS = ("passed",)
+
+# Metric families in output order: (name, type, help, [(input key, extra labels)]).
+METRICS: Tuple[Tuple[str, str, str, Tuple[Tuple[str, Dict[str, str]], ...]], ...] = (
+    ("llm_gate_decode_tokens_per_second", "gauge",
+     "Mean decode tokens/s per request measured by the health gate.",
+     (("decode_tps", {}),)),
+    ("llm_gate_ttft_seconds", "gauge",
+     "Time to first token measured by the health gate, by quantile.",
+     (("ttft_p50_s", {"quantile": "0.5"}), ("ttft_p95_s", {"quantile": "0.95"}))),
+    ("llm_gate_accept_length", "gauge",
+     "Speculative decoding (MTP) accept length measured by the health gate.",
+     (("accept_length", {}),)),
+    ("llm_gate_passed", "gauge",
+     "1 when the last health gate passed, 0 when it failed.",
+     (("passed", {}),)),
+    ("llm_gate_last_run_timestamp_seconds", "gauge",
+     "Unix time at which the last health gate started.",
+     (("timestamp", {}),)),
+)
+
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_RESERVED_LABELS = frozenset({"quantile", "le"})
+
+
+def _lookup(report: Mapping[str, Any], paths: Sequence[Sequence[str]]) -> Any:
+    """The first value found along ``paths`` (``None`` when none holds one)."""
+    for path in paths:
+        node: Any = report
+        for key in path:
+            if not isinstance(node, Mapping) or key not in node:
+                node = None
+                break
+            node = node[key]
+        if node is not None:
+            return node
+    return None
+
+
+def _number(key: str, value: Any) -> Optional[float]:
+    """A finite float, ``None`` for missing/NaN; an error for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise AnsibleFilterError("prometheus_textfile: %s must be a number, got a boolean" % key)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("prometheus_textfile: %s must be a number, got %r" % (key, value))
+    if math.isnan(number):
+        return None
+    if math.isinf(number):
+        raise AnsibleFilterError("prometheus_textfile: %s must be finite, got %r" % (key, value))
+    return number
+
+
+def _passed(value: Any) -> float:
+    """1.0 / 0.0 from a boolean (or the strings true/false, 1/0)."""
+    if isinstance(value, bool):
+        return 1.0 if value else 0.0
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return 1.0
+    if text in ("false", "no", "0"):
+        return 0.0
+    raise AnsibleFilterError("prometheus_textfile: passed must be a boolean, got %r" % (value,))
+
+
+def _timestamp(value: Any) -> Optional[float]:
+    """Unix seconds from ISO 8601 text (``Z`` or an offset; naive = UTC) or a number."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        moment = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number("timestamp", value)
+    else:
+        text = str(value).strip()
+        try:
+            moment = dt.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+        except ValueError:
+            try:
+                return _number("timestamp", text)
+            except AnsibleFilterError:
+                raise AnsibleFilterError("prometheus_textfile: timestamp must be ISO 8601 or Unix seconds, got %r"
+                                         % (value,))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.timestamp()
+
+
+def gate_metrics(report: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+    """The gate's figures as numbers keyed like ``GATE_FIELDS`` (``None`` = not measured)."""
+    if not isinstance(report, Mapping):
+        raise AnsibleFilterError("prometheus_textfile expects a mapping (the gate report), got %s"
+                                 % type(report).__name__)
+    raw = {key: _lookup(report, paths) for key, paths in GATE_FIELDS.items()}
+    for key in REQUIRED_FIELDS:
+        if raw[key] is None:
+            raise AnsibleFilterError("prometheus_textfile: the report has no '%s'" % key)
+    values: Dict[str, Optional[float]] = {}
+    for key, value in raw.items():
+        if key == "passed":
+            values[key] = _passed(value)
+        elif key == "timestamp":
+            values[key] = _timestamp(value)
+        else:
+            values[key] = _number(key, value)
+    return values
+
+
+def _escape(value: Any) -> str:
+    """A label value escaped for the text format."""
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: Optional[Mapping[str, Any]]) -> List[Tuple[str, str]]:
+    """Validated, sorted label pairs."""
+    if labels is None:
+        return []
+    if not isinstance(labels, Mapping):
+        raise AnsibleFilterError("prometheus_textfile: labels must be a mapping, got %s" % type(labels).__name__)
+    pairs = []
+    for name, value in labels.items():
+        name = str(name)
+        if not _LABEL_NAME.match(name) or name.startswith("__") or name in _RESERVED_LABELS:
+            raise AnsibleFilterError("prometheus_textfile: '%s' is not a usable label name" % name)
+        if value is None:
+            raise AnsibleFilterError("prometheus_textfile: label '%s' has no value" % name)
+        pairs.append((name, str(value)))
+    return sorted(pairs)
+
+
+def _format_value(value: float) -> str:
+    """Shortest exact text of a sample value."""
+    if value.is_integer() and abs(value) < 1e15:
+        return "%d" % value
+    return repr(value)
+
+
+def prometheus_textfile(report: Mapping[str, Any], labels: Optional[Mapping[str, Any]] = None) -> str:
+    """The gate report as Prometheus text exposition format (see the module docstring)."""
+    values = gate_metrics(report)
+    common = _labels(labels)
+    lines: List[str] = []
+    for name, kind, help_text, samples in METRICS:
+        rendered = []
+        for key, extra in samples:
+            value = values.get(key)
+            if value is None:
+                continue
+            pairs = common + sorted(extra.items())
+            label_text = "{%s}" % ",".join('%s="%s"' % (k, _escape(v)) for k, v in pairs) if pairs else ""
+            rendered.append("%s%s %s" % (name, label_text, _format_value(value)))
+        if rendered:
+            lines.append("# HELP %s %s" % (name, help_text))
+            lines.append("# TYPE %s %s" % (name, kind))
+            lines.extend(rendered)
+    return "\n".join(lines) + "\n"
+
+
+class FilterModule:
+    """Ansible filters for the Prometheus textfile of the health gate."""
+
+    def filters(self) -> Dict[str, Any]:
+        """Map filter names to functions."""
+        return {"prometheus_textfile": prometheus_textfile}

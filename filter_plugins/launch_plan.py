@@ -484,16 +484,16 @@ def _gpu_rules(flags: FlagSet, facts: ModelFacts, gpus: Sequence[Mapping[str, An
     if facts.hybrid:
         heads["linear-attention key heads (linear_num_key_heads)"] = facts.linear_key_heads
         heads["linear-attention value heads (linear_num_value_heads)"] = facts.linear_value_heads
-    heads = {k: v for k, v in heads.items() if v}
+    counts: dict[str, int] = {k: v for k, v in heads.items() if v}
 
     def valid(size: int) -> bool:
-        return all(count % size == 0 for count in heads.values())
+        return all(count % size == 0 for count in counts.values())
 
     choices = [n for n in range(1, len(gpus) + 1) if valid(n)]
     if tp > len(gpus):
         raise PlanError(f"{tp_source} is {tp}, but the host has {len(gpus)} GPU(s): "
                         f"set it to {_or_list(choices)}.")
-    for what, count in heads.items():
+    for what, count in counts.items():
         if count % tp:
             raise PlanError(f"{tp_source} is {tp}, which does not divide the model's {count} {what}: "
                             f"set it to {_or_list(choices)}.")
@@ -522,7 +522,7 @@ def _gpu_rules(flags: FlagSet, facts: ModelFacts, gpus: Sequence[Mapping[str, An
         raise PlanError(f"{flags.source('--mem-fraction-static')} is {frac}, but the weights alone take "
                         f"{_gib(per_gpu)} of the {_gib(frac * gpu_mem)} it reserves per GPU: raise it or "
                         "the tensor-parallel size.")
-    divided = ", ".join(f"{count} {what.split(' (')[0]}" for what, count in heads.items())
+    divided = ", ".join(f"{count} {what.split(' (')[0]}" for what, count in counts.items())
     notes.append(f"tensor parallel {tp} of {len(gpus)} GPU(s) ({', '.join(names)}, {_gib(gpu_mem)} each): "
                  f"divides {divided}; weights {_gib(per_gpu)} per GPU + {_gib(headroom)} headroom fit")
 
@@ -552,10 +552,10 @@ def _speculative_rules(flags: FlagSet, notes: list[str]) -> None:
     """Steps/topk/draft tokens go together; with topk 1, draft = steps + 1."""
     algo = flags.get("--speculative-algorithm")
     if algo is None:
-        present = [f for f in ("--speculative-num-steps", "--speculative-eagle-topk",
-                               "--speculative-num-draft-tokens") if flags.has(f)]
-        if present:
-            raise PlanError(f"{flags.source(present[0])} sets {present[0]} without a speculative algorithm: "
+        stray = [f for f in ("--speculative-num-steps", "--speculative-eagle-topk",
+                             "--speculative-num-draft-tokens") if flags.has(f)]
+        if stray:
+            raise PlanError(f"{flags.source(stray[0])} sets {stray[0]} without a speculative algorithm: "
                             "set inference_server_settings.speculative_algorithm or remove it.")
         return
     if algo not in EAGLE_FAMILY:
@@ -631,7 +631,7 @@ def _mamba_rules(flags: FlagSet, facts: ModelFacts, env: Mapping[str, str], note
             todo = (f"remove {flags.removed['--mamba-scheduler-strategy']}, which removes the extra_buffer "
                     "the plan derived")
         else:
-            todo = (f"set speculative_algorithm in inference_server_settings rather than in "
+            todo = ("set speculative_algorithm in inference_server_settings rather than in "
                     "inference_server_overrides so the plan derives extra_buffer, or add "
                     "'--mamba-scheduler-strategy: extra_buffer' to inference_server_overrides")
         current = given or "no_buffer (the default auto)"
@@ -641,8 +641,8 @@ def _mamba_rules(flags: FlagSet, facts: ModelFacts, env: Mapping[str, str], note
                         f"start-up: {todo}, or set disable_radix_cache: true in inference_server_settings.")
     if strategy == "extra_buffer" and str(env.get("SGLANG_ENABLE_SPEC_V2", "")).lower() not in ("1", "true"):
         raise PlanError("inference_server_settings.environment sets SGLANG_ENABLE_SPEC_V2 to "
-                        f"{env.get('SGLANG_ENABLE_SPEC_V2')!r}, but speculative decoding with extra_buffer on the hybrid "
-                        f"model {facts.architecture} needs it at 1: remove it from the environment setting.")
+                        f"{env.get('SGLANG_ENABLE_SPEC_V2')!r}, but speculative decoding with extra_buffer on the "
+                        f"hybrid model {facts.architecture} needs it at 1: remove it from the environment setting.")
     if strategy == "extra_buffer":
         notes.append(f"hybrid model ({facts.linear_layers} of {len(facts.layer_types)} layers linear_attention) "
                      "+ speculative decoding + radix cache: --mamba-scheduler-strategy extra_buffer and "
@@ -669,7 +669,7 @@ def _sglang_flags(table: FlagTable, facts: ModelFacts, settings: Mapping[str, An
         if spec.key == "speculative_algorithm":
             spec_keys = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
             if value in EAGLE_FAMILY and all(settings.get(k) is None for k in spec_keys):
-                for key, default in zip(spec_keys, DEFAULT_SPECULATIVE.values()):
+                for key, default in zip(spec_keys, DEFAULT_SPECULATIVE.values(), strict=True):
                     flags.set(SETTING_BY_KEY[key].flag["sglang"], default,
                               f"the plan (default for inference_server_settings.{key})")
                 notes.append("speculative steps/top-k/draft tokens not set: the plan uses SGLang's own "
@@ -855,9 +855,11 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
                             "check what model_sync recorded.") from None
     facts = model_facts(model_config)
     table = load_flag_table(engine, str(engine_version), table_dir)
-    kwargs = dict(engine_version=str(engine_version), venv_dir=venv_dir, model_path=model_path, host=host,
-                  port=port_number, settings=settings, overrides=dict(overrides or {}),
-                  cache_dir=cache_dir, table=table)
+    kwargs: dict[str, Any] = {
+        "engine_version": str(engine_version), "venv_dir": venv_dir, "model_path": model_path, "host": host,
+        "port": port_number, "settings": settings, "overrides": dict(overrides or {}), "cache_dir": cache_dir,
+        "table": table,
+    }
     if engine == "sglang":
         plan = plan_sglang(facts, gpus=gpus, weights_bytes=weights_bytes, **kwargs)
     else:
@@ -873,7 +875,7 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
 
 
 def launch_plan(model_config: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """Ansible filter: ``model_config | launch_plan(engine=..., ...)``; see :func:`build_plan`."""
+    """Ansible filter entry point: the arguments of :func:`build_plan`, refusals as AnsibleFilterError."""
     try:
         return build_plan(model_config, **kwargs)
     except PlanError as err:
@@ -883,7 +885,7 @@ def launch_plan(model_config: Mapping[str, Any], **kwargs: Any) -> dict[str, Any
 
 
 def systemd_exec_lines(argv: Sequence[str]) -> list[str]:
-    """Group a plan's argv into one line per flag, each quoted for systemd's ``ExecStart=``.
+    r"""Group a plan's argv into one line per flag, each quoted for systemd's ``ExecStart=``.
 
     The first line is the executable with its subcommand (``.../sglang serve``); every
     later line is one flag with its value(s). A positional argument (the model directory

@@ -80,7 +80,8 @@ def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="session")
 def sglang_check_venv() -> Path:
     """The venv with real SGLang 0.5.11 (built once, then cached)."""
-    proc = _run([str(REPO / "tools" / "build-sglang-check-venv")], env={**os.environ, "DEPLOY_CACHE_DIR": str(cache_dir())})
+    proc = _run([str(REPO / "tools" / "build-sglang-check-venv")],
+                env={**os.environ, "DEPLOY_CACHE_DIR": str(cache_dir())})
     assert proc.returncode == 0, f"tools/build-sglang-check-venv failed:\n{proc.stdout}\n{proc.stderr}"
     venv = cache_dir() / "venvs" / "sglang-check"
     assert (venv / "bin" / "python").exists()

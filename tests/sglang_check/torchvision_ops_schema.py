@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Sequence
 
+_KEEP: list[object] = []
 SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -53,7 +54,7 @@ def _declare_missing_ops(package_dir: Path) -> None:
             library.define(schema)
         except RuntimeError:  # already declared (by a newer torchvision, for example)
             pass
-    sys.modules[__name__]._library = library  # keep the registration alive
+    _KEEP.append(library)  # the declarations live as long as the Library object
 
 
 class _TorchvisionFinder(importlib.abc.MetaPathFinder):
@@ -69,7 +70,7 @@ class _TorchvisionFinder(importlib.abc.MetaPathFinder):
         type(self).done = True
         spec = importlib.machinery.PathFinder.find_spec("torchvision")
         if spec is not None and spec.submodule_search_locations:
-            _declare_missing_ops(Path(list(spec.submodule_search_locations)[0]))
+            _declare_missing_ops(Path(next(iter(spec.submodule_search_locations))))
         return None
 
 

@@ -37,13 +37,16 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence, TextIO
 
 PASSED, REFUSED, USAGE, GPU_LESS = 0, 1, 2, 3
 STATUS = {PASSED: "passed", REFUSED: "refused", USAGE: "usage", GPU_LESS: "passed-gpu-less"}
 # Device predicates of sglang.srt.utils: an assertion on one of them is a GPU-only check.
 DEVICE_PREDICATES = {"is_cuda", "is_musa", "is_hip", "is_cuda_alike", "is_npu", "is_xpu", "is_hpu",
                      "is_sm90_supported", "is_sm100_supported", "is_blackwell_supported"}
+# Where our JSON and the engine's output go (stdout is redirected while the engine runs).
+REAL_STDOUT: TextIO = sys.stdout
+REAL_STDERR: TextIO = sys.stderr
 # Resolved values worth reporting after a successful SGLang check.
 SGLANG_RESOLVED = ("model_path", "device", "tp_size", "dtype", "speculative_algorithm", "speculative_num_steps",
                    "speculative_eagle_topk", "speculative_num_draft_tokens", "mamba_scheduler_strategy",
@@ -74,17 +77,17 @@ class Tee(io.TextIOBase):
 @contextlib.contextmanager
 def engine_output() -> Iterator[Tee]:
     """Send everything the engine prints to stderr (stdout is for our JSON), keeping a copy."""
-    tee = Tee(sys.__stderr__)
+    tee = Tee(REAL_STDERR)
     with contextlib.redirect_stdout(tee), contextlib.redirect_stderr(tee):
         yield tee
 
 
 def result(code: int, engine: str, message: str, **extra: Any) -> int:
-    """Print the JSON result and return the exit status."""
+    """Print the JSON result on the real stdout and return the exit status."""
     out = {"status": STATUS[code], "engine": engine, "message": message}
     out.update(extra)
-    sys.__stdout__.write(json.dumps(out, sort_keys=True, default=str) + "\n")
-    sys.__stdout__.flush()
+    REAL_STDOUT.write(json.dumps(out, sort_keys=True, default=str) + "\n")
+    REAL_STDOUT.flush()
     return code
 
 
@@ -107,10 +110,10 @@ def statement_at(filename: str, lineno: int) -> ast.stmt | None:
         return None
     best: ast.stmt | None = None
     for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno):
-            if best is None or (node.end_lineno or node.lineno) - node.lineno <= \
-                    (best.end_lineno or best.lineno) - best.lineno:
-                best = node
+        end = (node.end_lineno or node.lineno) if isinstance(node, ast.stmt) else 0
+        if isinstance(node, ast.stmt) and node.lineno <= lineno <= end and (
+                best is None or end - node.lineno <= (best.end_lineno or best.lineno) - best.lineno):
+            best = node
     return best
 
 
@@ -131,16 +134,19 @@ def device_assertion(frame: traceback.FrameSummary | None) -> str | None:
 def later_steps(exc: BaseException, function: str = "__post_init__") -> list[str]:
     """The ``self._handle_*()`` steps of ``function`` that come after where it stopped."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.name == function]
-    if not frames or frames[-1].lineno is None:
+    stopped = frames[-1].lineno if frames else None
+    if stopped is None:
         return []
-    frame = frames[-1]
-    tree = ast.parse(Path(frame.filename).read_text())
+    tree = ast.parse(Path(frames[-1].filename).read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == function:
-            calls = [c for c in ast.walk(node) if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute)
-                     and isinstance(c.func.value, ast.Name) and c.func.value.id == "self"
-                     and c.lineno > frame.lineno]
-            return [c.func.attr for c in sorted(calls, key=lambda c: c.lineno)]
+            steps: list[tuple[int, str]] = []
+            for call in ast.walk(node):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"
+                        and call.lineno > stopped):
+                    steps.append((call.lineno, call.func.attr))
+            return [name for _, name in sorted(steps)]
     return []
 
 
@@ -167,6 +173,16 @@ def last_error_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if ": error:" in line]
     return (errors or lines or ["(no message)"])[-1].strip()
+
+
+def installed_version(package: str) -> str | None:
+    """The installed version of a distribution, or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def check_entry_point(argv: Sequence[str], engine: str) -> tuple[list[str], str | None]:
@@ -209,10 +225,8 @@ def sglang_flag_table() -> dict[str, Any]:
         if not longs or isinstance(action, ap._HelpAction):  # noqa: SLF001
             continue
         kind = type(action).__name__
-        if isinstance(action, ap.BooleanOptionalAction):
-            groups = [[s] for s in longs]  # --x and --no-x are opposite bare flags
-        else:
-            groups = [longs]
+        # --x and --no-x of a BooleanOptionalAction are opposite bare flags, not aliases.
+        groups = [[s] for s in longs] if isinstance(action, ap.BooleanOptionalAction) else [longs]
         for names in groups:
             if action.nargs == 0 or kind in ("_StoreTrueAction", "_StoreFalseAction", "_StoreConstAction",
                                              "_CountAction", "BooleanOptionalAction"):
@@ -223,10 +237,10 @@ def sglang_flag_table() -> dict[str, Any]:
                 takes = "list"
             else:
                 takes = "one"
+            builtin_types: dict[Any, str] = {int: "int", float: "float", str: "str"}
             type_name = None
             if action.type is not None:
-                type_name = {int: "int", float: "float", str: "str"}.get(action.type,
-                                                                         getattr(action.type, "__name__", None))
+                type_name = builtin_types.get(action.type, getattr(action.type, "__name__", None))
             flags[names[0]] = {
                 "aliases": names[1:],
                 "dest": action.dest,
@@ -251,21 +265,22 @@ def check_sglang(args: list[str], gpus: int) -> int:
     with engine_output() as out:
         try:
             import torch
-
-            import sglang
-            from sglang.srt.server_args import prepare_server_args
         except Exception as exc:  # noqa: BLE001 - any import failure is the finding
-            return result(REFUSED, "sglang", f"importing sglang.srt.server_args in {sys.prefix} failed: "
-                          f"{type(exc).__name__}: {exc}")
+            return result(REFUSED, "sglang", f"importing torch in {sys.prefix} failed: {type(exc).__name__}: {exc}")
         cuda = bool(torch.cuda.is_available() and torch.version.cuda is not None)
-        facts = {"engine_version": sglang.__version__, "torch": torch.__version__, "cuda_visible": cuda,
+        facts = {"engine_version": installed_version("sglang"), "torch": torch.__version__, "cuda_visible": cuda,
                  "python": sys.executable}
         if gpus > 0 and not cuda:
             return result(REFUSED, "sglang", f"torch {torch.__version__} in {sys.prefix} sees no CUDA device "
                           f"although preflight found {gpus} GPU(s): check the NVIDIA driver (torch is built "
                           f"for CUDA {torch.version.cuda}).", **facts)
+        try:
+            from sglang.srt.server_args import prepare_server_args
+        except Exception as exc:  # noqa: BLE001 - any import failure is the finding
+            return result(REFUSED, "sglang", f"importing sglang.srt.server_args in {sys.prefix} failed: "
+                          f"{type(exc).__name__}: {exc}", **facts)
         if not cuda and not any(a == "--device" or a.startswith("--device=") for a in args):
-            args = args + ["--device", "cuda"]
+            args = [*args, "--device", "cuda"]
             notes.append("no CUDA device here: validated with --device cuda, which SGLang picks on a GPU host "
                          "(without it SGLang stops at once: No accelerator is available)")
         stage = "prepare_server_args"
@@ -276,7 +291,8 @@ def check_sglang(args: list[str], gpus: int) -> int:
         except SystemExit as exc:
             if exc.code in (0, None):
                 return result(USAGE, "sglang", "the argv asked SGLang for --help", **facts)
-            return result(REFUSED, "sglang", f"SGLang's parser refused the argv: {last_error_line(out.copy.getvalue())}",
+            error = last_error_line(out.copy.getvalue())
+            return result(REFUSED, "sglang", f"SGLang's parser refused the argv: {error}",
                           exception="SystemExit", where="argparse", notes=notes, **facts)
         except Exception as exc:  # noqa: BLE001 - SGLang raises ValueError, AssertionError, ...
             frame = engine_frame(exc, "sglang")
@@ -431,7 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.dump_flags:
         with engine_output():
             table = sglang_flag_table() if opts.engine == "sglang" else transformers_flag_table()
-        sys.__stdout__.write(format_table(table))
+        REAL_STDOUT.write(format_table(table))
         return PASSED
     args, error = check_entry_point(plan_argv, opts.engine)
     if error:

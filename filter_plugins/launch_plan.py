@@ -326,25 +326,27 @@ class FlagSet:
         return self.values.get(flag)
 
     def has(self, flag: str) -> bool:
-        """True when the flag is present (bare flags count when true)."""
-        return flag in self.values and self.values[flag] not in (None, False)
+        """True when the flag is present (a bare flag counts when true; 0 is a value)."""
+        value = self.values.get(flag)
+        return value is not None and value is not False
 
     def source(self, flag: str) -> str:
         """The variable a flag came from, for messages."""
         return self.sources.get(flag, "the plan")
 
-    def number(self, flag: str, kind: Callable[[Any], Any] = int) -> Any:
-        """Return a flag's value as int/float, refusing values that are not numbers.
+    def number(self, flag: str, kind: Callable[[Any], Any] = int, value: Any = None) -> Any:
+        """Return a flag's value (or one ``value`` of it) as int/float, refusing what is not a number.
 
         Flags whose parser type is ``human_readable_int`` (``--context-length``) also accept
         SGLang's suffixes: ``64k`` is 64000, ``64Ki`` is 65536.
         """
-        value = self.values.get(flag)
+        if value is None:
+            value = self.values.get(flag)
         if value is None:
             return None
         spec = self.table.resolve(flag)
         try:
-            if isinstance(value, bool):
+            if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
                 raise ValueError
             if spec is not None and spec.type == "human_readable_int" and isinstance(value, str):
                 return _human_readable_int(value)
@@ -377,9 +379,6 @@ def _override_label(flag: str) -> str:
 def _apply_overrides(flags: FlagSet, overrides: Mapping[str, Any], pinned: Mapping[str, str]) -> list[str]:
     """Apply inference_server_overrides; return the canonical names of flags they added."""
     added: list[str] = []
-    if not isinstance(overrides, Mapping):
-        raise PlanError("inference_server_overrides must be a mapping of '--flag' to a value "
-                        "(true for a bare flag, null or false to remove one).")
     for given in sorted(overrides):
         value = overrides[given]
         label = _override_label(given)
@@ -442,8 +441,8 @@ def _check_values(flags: FlagSet) -> None:
         for item in values:
             if item is True:
                 continue
-            if spec.type in ("int", "float"):
-                flags.number(name, int if spec.type == "int" else float)
+            if spec.type in ("int", "float", "human_readable_int"):
+                flags.number(name, float if spec.type == "float" else int, item)
             if spec.choices is not None and str(item) not in spec.choices:
                 raise PlanError(f"{source} sets {name} to {item!r}, but {flags.table.engine} accepts only "
                                 f"{', '.join(spec.choices)}: use one of them.")
@@ -472,8 +471,12 @@ def _gpu_rules(flags: FlagSet, facts: ModelFacts, gpus: Sequence[Mapping[str, An
                weights_bytes: int | None, headroom_gib: float, notes: list[str]) -> None:
     """Tensor parallelism must divide the heads, fit the GPUs found and their memory."""
     tp_flag = "--tensor-parallel-size"
-    tp = flags.number(tp_flag) or 1
+    tp = flags.number(tp_flag)
     tp_source = flags.source(tp_flag) if flags.has(tp_flag) else "inference_server_settings.tensor_parallel_size"
+    if tp is None:
+        tp = 1
+    elif tp < 1:
+        raise PlanError(f"{tp_source} is {tp}: set it to 1 or more.")
     if gpus is None:
         raise PlanError("preflight_gpus is undefined: run the preflight role first "
                         "(or give offline_plan.gpus in host_vars for an offline plan).")
@@ -569,6 +572,10 @@ def _speculative_rules(flags: FlagSet, notes: list[str]) -> None:
         raise PlanError(f"{flags.source(first)} sets {first} without {' and '.join(missing)}: "
                         "SGLang needs all three or none, so set all three (3, 1, 4 is SGLang's own choice) "
                         "or none.")
+    if not present:
+        notes.append(f"speculative decoding {algo}: steps, top-k and draft tokens left to SGLang, which picks "
+                     "3/1/4 for most models")
+        return
     steps, topk, draft = (flags.number(trio[k]) for k in ("steps", "topk", "draft"))
     if topk == 1 and draft != steps + 1:
         raise PlanError(f"{flags.source(trio['draft'])} is {draft}, but with speculative_eagle_topk 1 SGLang "
@@ -843,9 +850,13 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
         port_number = 0
     if isinstance(port, bool) or not 0 < port_number < 65536:
         raise PlanError(f"inference_server_port is {port!r}: use a TCP port between 1 and 65535.")
+    if not isinstance(settings or {}, Mapping):
+        raise PlanError("inference_server_settings must be a mapping of setting names to values: "
+                        "see docs/launch-plan.md for the keys.")
+    if not isinstance(overrides or {}, Mapping):
+        raise PlanError("inference_server_overrides must be a mapping of '--flag' to a value "
+                        "(true for a bare flag, null or false to remove one).")
     settings = dict(settings or {})
-    if not isinstance(settings, Mapping):
-        raise PlanError("inference_server_settings must be a mapping.")
     _check_setting_types(engine, settings)
     if weights_bytes is not None:
         try:

@@ -126,6 +126,24 @@ def test_overrides_add_replace_and_remove_flags(launch_plan, qwen_config, ct129_
     assert plan["argv"] == expected
 
 
+def test_zero_and_list_values_reach_argv(launch_plan, qwen_config, ct129_kwargs):
+    overrides = {"--base-gpu-id": 0, "--cuda-graph-bs": [1, 2, 4]}
+    plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, overrides=overrides))
+    assert plan["argv"] == [*CT129_ARGV, "--base-gpu-id", "0", "--cuda-graph-bs", "1", "2", "4"]
+    assert launch_plan.systemd_exec_lines(plan["argv"])[-2:] == ["--base-gpu-id 0", "--cuda-graph-bs 1 2 4"]
+
+
+def test_algorithm_in_overrides_leaves_steps_to_sglang(launch_plan, qwen_config, ct129_kwargs):
+    config = copy.deepcopy(qwen_config)
+    config["text_config"]["layer_types"] = ["full_attention"] * 64
+    settings = {"tensor_parallel_size": 2}
+    plan = launch_plan.build_plan(config, **dict(ct129_kwargs, settings=settings,
+                                                 overrides={"--speculative-algorithm": "NEXTN"}))
+    assert plan["argv"][-2:] == ["--speculative-algorithm", "NEXTN"]
+    assert ("speculative decoding NEXTN: steps, top-k and draft tokens left to SGLang, which picks 3/1/4 for most "
+            "models") in plan["notes"]
+
+
 def test_disable_radix_cache_setting_keeps_no_buffer(launch_plan, qwen_config, ct129_kwargs):
     settings = dict(ct129_kwargs["settings"], disable_radix_cache=True)
     plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, settings=settings))
@@ -305,6 +323,24 @@ REFUSALS = {
         None, {"settings": {"tensor_parallel_size": "2"}},
         "inference_server_settings.tensor_parallel_size is '2', but it must be a positive integer: correct it in "
         "the host's group_vars or host_vars."),
+    "tp-zero": (
+        None, {"overrides": {"--tensor-parallel-size": 0}},
+        "inference_server_overrides['--tensor-parallel-size'] is 0: set it to 1 or more."),
+    "fractional-tp": (
+        None, {"overrides": {"--tp-size": 2.5}},
+        "inference_server_overrides['--tp-size'] sets --tensor-parallel-size to 2.5, which is not an integer: give "
+        "--tensor-parallel-size an integer."),
+    "list-item-not-an-integer": (
+        None, {"overrides": {"--cuda-graph-bs": [1, "two"]}},
+        "inference_server_overrides['--cuda-graph-bs'] sets --cuda-graph-bs to 'two', which is not an integer: give "
+        "--cuda-graph-bs an integer."),
+    "list-for-single-value": (
+        None, {"overrides": {"--dtype": ["bfloat16"]}},
+        "inference_server_overrides['--dtype'] is a list, but --dtype takes one value: give a single value."),
+    "settings-not-a-mapping": (
+        None, {"settings": "tp=2"},
+        "inference_server_settings must be a mapping of setting names to values: see docs/launch-plan.md for the "
+        "keys."),
     "unknown-engine": (
         None, {"engine": "vllm"}, "inference_server_engine is 'vllm': use one of sglang, transformers."),
     "bad-port": (
@@ -318,7 +354,7 @@ def test_bad_input_is_refused_with_its_message(launch_plan, qwen_config, ct129_k
     config = transform(qwen_config) if transform else qwen_config
     kwargs = dict(ct129_kwargs)
     for key, value in changes.items():
-        if key == "settings":
+        if key == "settings" and (value is None or isinstance(value, dict)):
             kwargs["settings"] = {} if value is None else {**ct129_kwargs["settings"], **value}
             kwargs["settings"] = {k: v for k, v in kwargs["settings"].items() if v is not None}
         else:

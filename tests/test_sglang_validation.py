@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -207,7 +208,9 @@ def test_transformers_check_refuses_an_unknown_model_type(transformers_venv, run
 # --------------------------------------------------------------------------------------
 
 
-def run_role_tasks(tmp_path: Path, facts: dict[str, Any], tasks_from: list[str]) -> subprocess.CompletedProcess:
+def run_role_tasks(tmp_path: Path, facts: dict[str, Any], tasks_from: list[str],
+                   check_mode: bool = True) -> subprocess.CompletedProcess:
+    """Run role task files on this machine (connection local) with ``facts`` as extra vars."""
     tasks = "\n".join(f"""    - name: Run inference_server {name}
       ansible.builtin.include_role:
         name: inference_server
@@ -223,9 +226,10 @@ def run_role_tasks(tmp_path: Path, facts: dict[str, Any], tasks_from: list[str])
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"), "ANSIBLE_NOCOLOR": "1",
            "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False",
-           "DEPLOY_CACHE_DIR": str(cache_dir())}
-    return subprocess.run(["ansible-playbook", "--check", "-i", "localhost,", "-c", "local", str(playbook),
-                           "-e", f"@{tmp_path / 'facts.json'}"], capture_output=True, text=True, env=env, check=False)
+           "DEPLOY_CACHE_DIR": str(cache_dir()), "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
+    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
+    return subprocess.run(cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env,
+                          check=False)
 
 
 @pytest.fixture()
@@ -262,3 +266,19 @@ def test_validate_tasks_stop_the_play_with_sglangs_message(tmp_path, role_facts,
     flat = " ".join(proc.stdout.split())
     assert (f"The sglang launch plan was refused by the engine's own check (exit 1): ValueError: "
             f"{SGLANG_RADIX_ERROR} (at sglang/srt/server_args.py:2453 in _handle_mamba_radix_cache)") in flat
+
+
+def test_check_mode_skips_the_check_before_the_venv_exists(tmp_path, role_facts):
+    facts = dict(role_facts, ml_env_venv_dir=str(tmp_path / "not-built-yet"))
+    proc = run_role_tasks(tmp_path, facts, ["plan.yml", "validate.yml"])
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    flat = " ".join(proc.stdout.split()).replace("''", "'")  # the YAML callback doubles quotes
+    assert (f"Check mode: {tmp_path}/not-built-yet/bin/python not on the host yet (ml_env and model_sync only "
+            "report in check mode), so the engine's own check runs on the real deploy.") in flat
+    assert "Check the launch plan with the engine's own parser" not in flat
+
+    proc = run_role_tasks(tmp_path, facts, ["plan.yml", "validate.yml"], check_mode=False)
+    assert proc.returncode == 2, proc.stdout[-4000:]
+    assert (f"The launch plan cannot be checked: {tmp_path}/not-built-yet/bin/python missing on the host, although "
+            "ml_env and model_sync ran before: check ml_env_venv_dir and model_sync_model_dir.") in " ".join(
+                proc.stdout.split())

@@ -12,7 +12,12 @@ variable to change, every combination the engine would refuse at start-up.
                                        gpus=preflight_gpus, weights_bytes=...,
                                        settings=inference_server_settings,
                                        overrides=inference_server_overrides,
+                                       environment=inference_server_environment,
                                        cache_dir=inference_server_cache_dir) }}
+
+``env`` is the whole environment of the server: the derived variables (caches,
+``SGLANG_ENABLE_SPEC_V2``, ...) with ``inference_server_environment`` merged in (``null``
+removes a derived one), so the engine's check on the host sees what the unit will run.
 
 Unknown flags are refused offline: ``launch_plan_flags/<engine>-<version>.json`` lists
 every flag of the engine's real parser (written by
@@ -248,7 +253,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mamba_scheduler_strategy", "str", _SGL, {"sglang": "--mamba-scheduler-strategy"}),
     Setting("mamba_track_interval", "int", _SGL, {"sglang": "--mamba-track-interval"}),
     Setting("gpu_memory_headroom_gib", "float", _SGL, positive=False),
-    Setting("environment", "map", _BOTH),
 )
 SETTING_BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -647,9 +651,10 @@ def _mamba_rules(flags: FlagSet, facts: ModelFacts, env: Mapping[str, str], note
                         f"extra_buffer and SGLANG_ENABLE_SPEC_V2=1, not {current}, and SGLang refuses it at "
                         f"start-up: {todo}, or set disable_radix_cache: true in inference_server_settings.")
     if strategy == "extra_buffer" and str(env.get("SGLANG_ENABLE_SPEC_V2", "")).lower() not in ("1", "true"):
-        raise PlanError("inference_server_settings.environment sets SGLANG_ENABLE_SPEC_V2 to "
+        raise PlanError("inference_server_environment sets SGLANG_ENABLE_SPEC_V2 to "
                         f"{env.get('SGLANG_ENABLE_SPEC_V2')!r}, but speculative decoding with extra_buffer on the "
-                        f"hybrid model {facts.architecture} needs it at 1: remove it from the environment setting.")
+                        f"hybrid model {facts.architecture} needs it at 1: remove it from "
+                        "inference_server_environment.")
     if strategy == "extra_buffer":
         notes.append(f"hybrid model ({facts.linear_layers} of {len(facts.layer_types)} layers linear_attention) "
                      "+ speculative decoding + radix cache: --mamba-scheduler-strategy extra_buffer and "
@@ -716,17 +721,17 @@ def _cache_env(engine: str, cache_dir: str | None) -> dict[str, str]:
     return env
 
 
-def _environment(engine: str, base: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, str]:
-    """Merge inference_server_settings.environment (null removes) into the derived environment."""
+def _environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, str]:
+    """Merge inference_server_environment (null removes a variable) into the derived environment."""
     env = dict(base)
-    for name, value in sorted((settings.get("environment") or {}).items()):
+    for name, value in sorted(extra.items()):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):
-            raise PlanError(f"inference_server_settings.environment has the key {name!r}, which is not an "
-                            "environment variable name: use letters, digits and underscores.")
+            raise PlanError(f"inference_server_environment has the key {name!r}, which is not an environment "
+                            "variable name: use letters, digits and underscores.")
         if value is None:
             env.pop(name, None)
         elif isinstance(value, (Mapping, list, tuple)):
-            raise PlanError(f"inference_server_settings.environment.{name} is not a scalar: give a string.")
+            raise PlanError(f"inference_server_environment.{name} is not a scalar: give it a string.")
         else:
             env[name] = ("1" if value else "0") if isinstance(value, bool) else str(value)
     return dict(sorted(env.items()))
@@ -734,7 +739,7 @@ def _environment(engine: str, base: Mapping[str, str], settings: Mapping[str, An
 
 def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_path: str, host: str,
                 port: int, gpus: Sequence[Mapping[str, Any]] | None, weights_bytes: int | None,
-                settings: Mapping[str, Any], overrides: Mapping[str, Any],
+                settings: Mapping[str, Any], overrides: Mapping[str, Any], environment: Mapping[str, Any],
                 cache_dir: str | None, table: FlagTable) -> dict[str, Any]:
     """The SGLang plan: entry point, flags, environment and notes."""
     notes: list[str] = []
@@ -746,7 +751,7 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
     if facts.hybrid and speculative:
         env["SGLANG_ENABLE_SPEC_V2"] = "1"
-    env = _environment("sglang", env, settings)
+    env = _environment(env, environment)
 
     headroom = settings.get("gpu_memory_headroom_gib")
     _gpu_rules(flags, facts, gpus, weights_bytes, DEFAULT_HEADROOM_GIB if headroom is None else float(headroom),
@@ -756,7 +761,7 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
             and env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") != "1":
         raise PlanError(f"{flags.source('--context-length')} is {context}, more than the model's "
                         f"max_position_embeddings {facts.max_positions}: lower it (SGLang refuses it unless "
-                        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is in the environment setting).")
+                        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is in inference_server_environment).")
     _nextn_rule(flags, facts, notes)
     _mamba_rules(flags, facts, env, notes, table.constants)
     _speculative_rules(flags, notes)
@@ -786,7 +791,8 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
 
 def plan_transformers(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_path: str, host: str,
                       port: int, settings: Mapping[str, Any], overrides: Mapping[str, Any],
-                      cache_dir: str | None, table: FlagTable, **_: Any) -> dict[str, Any]:
+                      environment: Mapping[str, Any], cache_dir: str | None, table: FlagTable,
+                      **_: Any) -> dict[str, Any]:
     """The ``transformers serve`` plan: pinned to the model directory, CPU by default."""
     notes: list[str] = []
     flags = FlagSet(table)
@@ -805,7 +811,7 @@ def plan_transformers(facts: ModelFacts, *, engine_version: str, venv_dir: str, 
     _version_tuple(engine_version)
     env = _cache_env("transformers", cache_dir)
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
-    env = _environment("transformers", env, settings)
+    env = _environment(env, environment)
     if facts.mtp_layers:
         notes.append(f"transformers serve ignores the model's MTP head (mtp_num_hidden_layers {facts.mtp_layers}):"
                      " no speculative decoding in this profile")
@@ -813,14 +819,13 @@ def plan_transformers(facts: ModelFacts, *, engine_version: str, venv_dir: str, 
         notes.append(f"hybrid model ({facts.linear_layers} of {len(facts.layer_types)} layers linear_attention): "
                      "transformers runs the Gated-DeltaNet layers in torch (slow without flash-linear-attention)")
     notes.append(f"entry point: transformers serve (transformers {engine_version}), pinned to the model "
-                 "directory (positional argument)")
+                 "directory (its positional argument, right after serve)")
     ordered = [f for f in flags.values if f not in added] + sorted(added)
-    argv = [f"{venv_dir.rstrip('/')}/bin/transformers", "serve"]
+    argv = [f"{venv_dir.rstrip('/')}/bin/transformers", "serve", model_path]
     for name in ordered:
         if flags.has(name):
             argv.append(name)
             argv.extend(_argv_values(flags.values[name]))
-    argv.append(model_path)
     return {"argv": argv, "env": env, "notes": notes}
 
 
@@ -833,7 +838,8 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
                model_path: str, host: str, port: int | str,
                gpus: Sequence[Mapping[str, Any]] | None = None, weights_bytes: int | None = None,
                settings: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
-               cache_dir: str | None = None, table_dir: Path = FLAG_TABLE_DIR) -> dict[str, Any]:
+               environment: Mapping[str, Any] | None = None, cache_dir: str | None = None,
+               table_dir: Path = FLAG_TABLE_DIR) -> dict[str, Any]:
     """Return ``{"argv", "env", "notes"}`` for one host or raise :class:`PlanError`."""
     if engine not in ENGINES:
         raise PlanError(f"inference_server_engine is {engine!r}: use one of {', '.join(ENGINES)}.")
@@ -856,6 +862,8 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
     if not isinstance(overrides or {}, Mapping):
         raise PlanError("inference_server_overrides must be a mapping of '--flag' to a value "
                         "(true for a bare flag, null or false to remove one).")
+    if not isinstance(environment or {}, Mapping):
+        raise PlanError("inference_server_environment must be a mapping of variable names to values.")
     settings = dict(settings or {})
     _check_setting_types(engine, settings)
     if weights_bytes is not None:
@@ -868,7 +876,8 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
     table = load_flag_table(engine, str(engine_version), table_dir)
     kwargs: dict[str, Any] = {
         "engine_version": str(engine_version), "venv_dir": venv_dir, "model_path": model_path, "host": host,
-        "port": port_number, "settings": settings, "overrides": dict(overrides or {}), "cache_dir": cache_dir,
+        "port": port_number, "settings": settings, "overrides": dict(overrides or {}),
+        "environment": dict(environment or {}), "cache_dir": cache_dir,
         "table": table,
     }
     if engine == "sglang":
@@ -895,55 +904,9 @@ def launch_plan(model_config: Mapping[str, Any], **kwargs: Any) -> dict[str, Any
         raise AnsibleFilterError(f"launch_plan: {err}") from None
 
 
-def systemd_exec_lines(argv: Sequence[str]) -> list[str]:
-    r"""Group a plan's argv into one line per flag, each quoted for systemd's ``ExecStart=``.
-
-    The first line is the executable with its subcommand (``.../sglang serve``); every
-    later line is one flag with its value(s). A positional argument (the model directory
-    of ``transformers serve``) gets a line of its own. Whether a flag takes a value comes
-    from the engine's flag table (the engine is recognised from the executable), so a bare
-    flag followed by a positional is split correctly. Join the lines with `` \\`` and a
-    newline in the unit file.
-    """
-    args = list(argv)
-    engine = "transformers" if args and args[0].endswith("/transformers") else "sglang"
-    tables = sorted(FLAG_TABLE_DIR.glob(f"{engine}-*.json"), key=lambda p: _version_tuple(p.stem.split("-", 1)[1]))
-    table = load_flag_table(engine, tables[-1].stem.split("-", 1)[1]) if tables else None
-    first = 0
-    while first < len(args) and not args[first].startswith("--"):
-        first += 1
-    lines = [args[:first]] if first else []
-    i = first
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--"):
-            lines.append([arg])
-            i += 1
-            continue
-        spec = table.resolve(arg) if table else None
-        takes = spec.takes if spec else "list"
-        j = i + 1
-        if takes == "one":
-            j = min(i + 2, len(args))
-        elif takes in ("list", "optional"):
-            while j < len(args) and not args[j].startswith("--"):
-                j += 1
-        lines.append(args[i:j])
-        i = j
-    return [" ".join(_systemd_quote(a) for a in line) for line in lines if line]
-
-
-def _systemd_quote(arg: str) -> str:
-    """Quote one argument for systemd's command-line parser, escaping ``%`` and ``$``."""
-    escaped = arg.replace("%", "%%").replace("$", "$$")
-    if escaped and re.fullmatch(r"[A-Za-z0-9_@%+=:,./$-]+", escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 class FilterModule:
     """Ansible filters for the inference server's launch plan."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         """Map filter names to functions."""
-        return {"launch_plan": launch_plan, "systemd_exec_lines": systemd_exec_lines}
+        return {"launch_plan": launch_plan}

@@ -92,22 +92,21 @@ def test_flat_config_gives_the_same_plan_as_nested(launch_plan, qwen_config, ct1
     assert launch_plan.build_plan(flat(qwen_config), **ct129_kwargs)["argv"] == CT129_ARGV
 
 
+def flag_lines(argv: list[str]) -> list[list[str]]:
+    """Split an argv the way the unit does: a new line at every flag."""
+    lines: list[list[str]] = [[]]
+    for arg in argv:
+        if arg.startswith("-") and lines[-1]:
+            lines.append([])
+        lines[-1].append(arg)
+    return lines
+
+
 def test_every_argv_flag_is_followed_by_its_own_value(launch_plan, qwen_config, ct129_kwargs):
     plan = launch_plan.build_plan(qwen_config, **ct129_kwargs)
-    lines = launch_plan.systemd_exec_lines(plan["argv"])
-    assert lines[0] == "/root/ml-env.d/0123456789ab/bin/sglang serve"
-    assert lines[1:] == [
-        "--model-path /root/models/Qwen3.6-27B", "--host 0.0.0.0", "--port 30000", "--tensor-parallel-size 2",
-        "--dtype bfloat16", "--trust-remote-code", "--speculative-algorithm NEXTN", "--speculative-num-steps 3",
-        "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 4", "--mamba-scheduler-strategy extra_buffer",
-    ]
-
-
-def test_systemd_lines_quote_and_escape(launch_plan):
-    lines = launch_plan.systemd_exec_lines(
-        ["/v/bin/sglang", "serve", "--served-model-name", "my model", "--api-key", "a%b$c", "--trust-remote-code"])
-    assert lines == ["/v/bin/sglang serve", '--served-model-name "my model"', "--api-key a%%b$$c",
-                     "--trust-remote-code"]
+    lines = flag_lines(plan["argv"])
+    assert lines[0] == ["/root/ml-env.d/0123456789ab/bin/sglang", "serve"]
+    assert [len(line) for line in lines[1:]] == [2, 2, 2, 2, 2, 1, 2, 2, 2, 2, 2]
 
 
 def test_sglang_before_0_5_5_uses_launch_server(launch_plan, qwen_config, ct129_kwargs):
@@ -130,7 +129,7 @@ def test_zero_and_list_values_reach_argv(launch_plan, qwen_config, ct129_kwargs)
     overrides = {"--base-gpu-id": 0, "--cuda-graph-bs": [1, 2, 4]}
     plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, overrides=overrides))
     assert plan["argv"] == [*CT129_ARGV, "--base-gpu-id", "0", "--cuda-graph-bs", "1", "2", "4"]
-    assert launch_plan.systemd_exec_lines(plan["argv"])[-2:] == ["--base-gpu-id 0", "--cuda-graph-bs 1 2 4"]
+    assert flag_lines(plan["argv"])[-2:] == [["--base-gpu-id", "0"], ["--cuda-graph-bs", "1", "2", "4"]]
 
 
 def test_algorithm_in_overrides_leaves_steps_to_sglang(launch_plan, qwen_config, ct129_kwargs):
@@ -241,10 +240,14 @@ REFUSALS = {
         "derived, or set disable_radix_cache: true in inference_server_settings."),
     "origin-story-flags": (None, {"settings": None, "overrides": ORIGIN_OVERRIDES}, ORIGIN_REFUSAL),
     "spec-v2-switched-off": (
-        None, {"settings": {"environment": {"SGLANG_ENABLE_SPEC_V2": "0"}}},
-        "inference_server_settings.environment sets SGLANG_ENABLE_SPEC_V2 to '0', but speculative decoding with "
-        "extra_buffer on the hybrid model Qwen3_5ForConditionalGeneration needs it at 1: remove it from the "
-        "environment setting."),
+        None, {"environment": {"SGLANG_ENABLE_SPEC_V2": "0"}},
+        "inference_server_environment sets SGLANG_ENABLE_SPEC_V2 to '0', but speculative decoding with "
+        "extra_buffer on the hybrid model Qwen3_5ForConditionalGeneration needs it at 1: remove it from "
+        "inference_server_environment."),
+    "environment-bad-name": (
+        None, {"environment": {"NOT-A-NAME": "1"}},
+        "inference_server_environment has the key 'NOT-A-NAME', which is not an environment variable name: use "
+        "letters, digits and underscores."),
     "track-interval-below-draft-tokens": (
         None, {"settings": {"mamba_track_interval": 2}},
         "inference_server_settings.mamba_track_interval is 2, less than the 4 speculative draft tokens, which "
@@ -310,15 +313,15 @@ REFUSALS = {
     "context-longer-than-model": (
         None, {"overrides": {"--context-length": "300k"}},
         "inference_server_overrides['--context-length'] is 300000, more than the model's max_position_embeddings "
-        "262144: lower it (SGLang refuses it unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is in the "
-        "environment setting)."),
+        "262144: lower it (SGLang refuses it unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is in "
+        "inference_server_environment)."),
     "unknown-setting": (
         None, {"settings": {"tensor_paralel_size": 2}},
         "inference_server_settings has no key 'tensor_paralel_size': use one of device, tensor_parallel_size, "
         "dtype, trust_remote_code, context_length, mem_fraction_static, max_running_requests, page_size, "
         "served_model_name, enable_metrics, disable_radix_cache, speculative_algorithm, speculative_num_steps, "
         "speculative_eagle_topk, speculative_num_draft_tokens, mamba_scheduler_strategy, mamba_track_interval, "
-        "gpu_memory_headroom_gib, environment, or pass the engine flag through inference_server_overrides."),
+        "gpu_memory_headroom_gib, or pass the engine flag through inference_server_overrides."),
     "wrongly-typed-setting": (
         None, {"settings": {"tensor_parallel_size": "2"}},
         "inference_server_settings.tensor_parallel_size is '2', but it must be a positive integer: correct it in "
@@ -397,25 +400,26 @@ def rehearsal_kwargs() -> dict[str, Any]:
 
 def test_transformers_plan_for_the_flat_tiny_model(launch_plan, tiny_config, rehearsal_kwargs):
     plan = launch_plan.build_plan(tiny_config, **rehearsal_kwargs)
-    assert plan["argv"] == ["/opt/ml-env.d/0123456789ab/bin/transformers", "serve", "--host", "127.0.0.1",
-                            "--port", "8000", "--device", "cpu", "--dtype", "auto",
-                            "/srv/models/tiny-qwen3.5/current"]
+    assert plan["argv"] == ["/opt/ml-env.d/0123456789ab/bin/transformers", "serve",
+                            "/srv/models/tiny-qwen3.5/current", "--host", "127.0.0.1", "--port", "8000",
+                            "--device", "cpu", "--dtype", "auto"]
     assert plan["env"] == {"HF_HOME": f"{CACHE}/huggingface", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
                            "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor", "TRITON_CACHE_DIR": f"{CACHE}/triton",
                            "XDG_CACHE_HOME": CACHE}
     assert ("transformers serve ignores the model's MTP head (mtp_num_hidden_layers 1): no speculative decoding "
             "in this profile") in plan["notes"]
-    lines = launch_plan.systemd_exec_lines(plan["argv"])
-    assert lines[-2:] == ["--dtype auto", "/srv/models/tiny-qwen3.5/current"]
+    assert flag_lines(plan["argv"])[0] == plan["argv"][:3]  # the pinned model directory stays on line one
 
 
-def test_transformers_bare_flag_before_the_model_dir(launch_plan, tiny_config, rehearsal_kwargs):
-    kwargs = dict(rehearsal_kwargs, settings={"trust_remote_code": True}, overrides={"--log-level": "info"})
+def test_transformers_environment_and_bare_flags(launch_plan, tiny_config, rehearsal_kwargs):
+    kwargs = dict(rehearsal_kwargs, settings={"trust_remote_code": True}, overrides={"--log-level": "info"},
+                  environment={"OMP_NUM_THREADS": 2, "HF_HUB_OFFLINE": None})
     plan = launch_plan.build_plan(tiny_config, **kwargs)
-    assert plan["argv"][2:] == ["--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--trust-remote-code",
-                                "--log-level", "info", "/srv/models/tiny-qwen3.5/current"]
-    assert launch_plan.systemd_exec_lines(plan["argv"])[-3:] == [
-        "--trust-remote-code", "--log-level info", "/srv/models/tiny-qwen3.5/current"]
+    assert plan["argv"][3:] == ["--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--trust-remote-code",
+                                "--log-level", "info"]
+    assert plan["env"]["OMP_NUM_THREADS"] == "2"
+    assert "HF_HUB_OFFLINE" not in plan["env"]
+    assert list(plan["env"]) == sorted(plan["env"])
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -493,8 +497,8 @@ def test_tool_plans_the_rehearsal_host_from_the_controller_model(tmp_path):
     result = json.loads(proc.stdout)
     group = load_yaml("group_vars/rehearsal.yml")
     venv = expected_venv(group["ml_env_path"], group["ml_env_lock"])
-    assert result["plan"]["argv"] == [f"{venv}/bin/transformers", "serve", "--host", "127.0.0.1", "--port", "8000",
-                                      "--device", "cpu", "--dtype", "auto", "/srv/models/tiny-qwen3.5/current"]
+    assert result["plan"]["argv"] == [f"{venv}/bin/transformers", "serve", "/srv/models/tiny-qwen3.5/current",
+                                      "--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--dtype", "auto"]
     assert any("transformers 5.6.0" in note for note in result["plan"]["notes"])  # the lock's pin
 
 

@@ -195,7 +195,7 @@ def test_transformers_serve_refuses_a_bad_value(transformers_venv, run_check, re
 
 
 def test_transformers_check_refuses_an_unknown_model_type(transformers_venv, run_check, rehearsal_plan):
-    model = Path(rehearsal_plan["argv"][-1])
+    model = Path(rehearsal_plan["argv"][2])  # transformers serve MODEL_DIR ...
     (model / "config.json").write_text(json.dumps({"model_type": "no_such_model", "architectures": ["X"]}))
     rc, result = run_check(transformers_venv, "transformers", rehearsal_plan["argv"], env=rehearsal_plan["env"])
     assert rc == 1

@@ -1,0 +1,1 @@
+"""Nothing shared beyond testinfra's host fixture."""

@@ -871,8 +871,8 @@ class Engine:
             if len(parts) == 3 and parts[0][:2] in (">f", "<f") and not parts[2].endswith("/"):
                 if "+" in parts[0] or "s" in parts[0][2:] or "t" in parts[0][2:] or "c" in parts[0][2:]:
                     pending[parts[2]] = {"size": int(parts[1])}
-            elif parts[0].startswith("*deleting"):
-                self.plan["remove"].append(f"{INCOMING}/{line.split(None, 1)[1]}")
+            elif line.startswith("*deleting"):  # "*deleting   0 name": the name is the third field
+                self.plan["remove"].append(f"{INCOMING}/{line[len('*deleting'):].lstrip().split(' ', 1)[-1]}")
         self._plan_fetch(pending)
         self.check_space(self.plan["fetch_bytes"])
         if self.check or (not pending and not self.plan["remove"]):

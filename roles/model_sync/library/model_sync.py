@@ -790,16 +790,16 @@ class Engine:
             self.makedirs(os.path.dirname(os.path.join(self.incoming, rel)))
         from concurrent.futures import ThreadPoolExecutor
 
-        def one(rel: str) -> tuple[str, str]:
+        def one(rel: str) -> None:
             dst = os.path.join(self.incoming, rel)
             digest = copy_and_hash(os.path.join(src, rel), dst, src_files[rel]["st"], self.counter)
-            return rel, digest
+            self.state.store(os.stat(dst), digest)  # keyed by the new inode: no second read
 
         order = sorted(pending, key=lambda r: -pending[r]["size"])
         with ThreadPoolExecutor(max_workers=min(self.workers, len(order))) as pool:
-            results = dict(pool.map(one, order))
+            list(pool.map(one, order))
         self.changed = True
-        return results
+        return {}
 
     def _remove_extra(self, keep: set[str]) -> None:
         """Remove files from .incoming that the source no longer has."""
@@ -880,50 +880,59 @@ class Engine:
         self.makedirs(self.incoming)
         from concurrent.futures import ThreadPoolExecutor
 
+        # rsync names a file (%n) when its data has arrived, just before renaming it into
+        # place; once it names the next one, the previous file is in place and is hashed
+        # while rsync goes on. The hash is cached under the inode it read, so an early or
+        # stale read can never stand for the new file.
         argv = self._rsync_base(control_dir) + ["--out-format=%n", self._remote(), self.incoming + "/"]
-        results: dict[str, str] = {}
         pool = ThreadPoolExecutor(max_workers=max(1, self.workers - 1))
         futures = {}
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout is not None
+        import tempfile
+
+        with tempfile.TemporaryFile(mode="w+") as errors:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
             previous = None
-            for line in proc.stdout:
-                # rsync names a file when it starts on it; the one before is then complete.
-                name = line.rstrip("\n")
-                if previous and previous in pending:
-                    futures[previous] = pool.submit(self._hash_incoming, previous)
-                previous = name
-            rc = proc.wait()
-            err = proc.stderr.read() if proc.stderr else ""
-        except BaseException:
-            proc.kill()
-            raise
+            try:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    if previous in pending and previous not in futures:
+                        futures[previous] = pool.submit(self._hash_incoming, previous)
+                    previous = line.rstrip("\n")
+                rc = proc.wait()
+            except BaseException:
+                proc.kill()
+                raise
+            errors.seek(0)
+            err = errors.read()
         if rc != 0:
             pool.shutdown(wait=False, cancel_futures=True)
-            raise SyncError(f"rsync from {self._remote()} failed (exit {rc}); the partial transfer is kept in {self.incoming} and the next run resumes: {err.strip()[-400:]}")
-        if previous and previous in pending:
+            raise SyncError(f"rsync from {self._remote()} failed (exit {rc}); the partial transfer is kept in "
+                            f"{self.incoming} and the next run resumes: {err.strip()[-400:]}")
+        if previous in pending and previous not in futures:
             futures[previous] = pool.submit(self._hash_incoming, previous)
-        for rel, fut in futures.items():
-            digest = fut.result()
-            if digest:
-                results[rel] = digest
+        for fut in futures.values():
+            fut.result()
         pool.shutdown()
         self.counter.add("bytes_fetched", self.plan["fetch_bytes"])
         self.changed = True
-        return results
+        return {}
 
-    def _hash_incoming(self, rel: str) -> str | None:
-        """Hash a file of .incoming and cache it (None if it is gone)."""
+    def _hash_incoming(self, rel: str) -> None:
+        """Hash a file of .incoming into the cache (by inode, size and mtime as read)."""
         path = os.path.join(self.incoming, rel)
         try:
-            st = os.stat(path)
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
-            return None
-        digest = sha256_file(path, self.counter)
-        if os.stat(path).st_mtime_ns == st.st_mtime_ns:
+            return
+        try:
+            st = os.fstat(fd)
+            digest = sha256_file(f"/proc/self/fd/{fd}", self.counter) if os.path.isdir("/proc/self/fd") \
+                else sha256_file(path, self.counter)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
             self.state.store(st, digest)
-        return digest
 
     def _hub(self, mode: str) -> str:
         """Run the huggingface_hub helper in the target venv; the token travels in its environment."""

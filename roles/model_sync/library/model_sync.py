@@ -616,7 +616,7 @@ def revision_label(manifest: dict[str, list]) -> str:
 def _clean_label(label: str) -> str:
     """Refuse labels that are not a single safe path component."""
     if not label or label in (".", "..") or "/" in label or label.startswith(".") or label.endswith(PARTIAL) or len(label) > 128:
-        raise SyncError(f"model_sync_revision '{label}' is not usable as a directory name; use letters, digits, '-', '_' or '.'.")
+        raise SyncError(f"revision label '{label}' (model_sync_source.revision) is not usable as a directory name; use letters, digits, '-', '_' or '.'.")
     return label
 
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python3
-# -*- coding: utf-8 -*-
 """model_sync: put a model on a host atomically, resumably, verified.
 
 One file, two faces:
@@ -27,6 +26,10 @@ import os
 import stat
 import sys
 import time
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing pulls in re (start-up time)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import IO
 
 DOCUMENTATION = r"""
 ---
@@ -215,7 +218,7 @@ class SyncError(Exception):
 # --------------------------------------------------------------------------- helpers
 
 
-def _json():
+def _json():  # noqa: ANN202 (returns the json module)
     """The json module, imported on first use (it pulls in ``re``: ~10 ms a no-op does not need)."""
     import json
 
@@ -633,7 +636,8 @@ class Engine:
                  reserve_mib: int = 1024, rsync_opts: list[str] | None = None,
                  ssh_opts: list[str] | None = None, hub_python: str | None = None,
                  hf_token: str | None = None, hub_endpoint: str = "", refetch: bool = True, check: bool = False,
-                 source_listing: list[dict] | None = None, log=None) -> None:
+                 source_listing: list[dict] | None = None,
+                 log: "Callable[[str], object] | None" = None) -> None:
         self.dest = os.path.abspath(dest)
         self.source = dict(source or {})
         self.revision = revision or ""
@@ -723,7 +727,7 @@ class Engine:
         os.chown(path, uid, gid)
         os.chmod(path, self.dir_mode)
 
-    def lock(self):
+    def lock(self) -> "IO[str] | None":
         """Take the per-model lock (one sync at a time); returns the open lock file."""
         import fcntl
 
@@ -772,7 +776,7 @@ class Engine:
                 pending[rel] = meta
         return pending
 
-    def fetch_local(self) -> dict[str, str]:
+    def fetch_local(self) -> None:
         """Copy a local mirror directory into .incoming (parallel, hashing while copying)."""
         src = self.source["path"]
         if not os.path.isdir(src):
@@ -784,7 +788,7 @@ class Engine:
         self.check_space(need)
         self._remove_extra(set(src_files))
         if self.check or not pending:
-            return {}
+            return
         self.makedirs(self.incoming)
         for rel in pending:
             self.makedirs(os.path.dirname(os.path.join(self.incoming, rel)))
@@ -799,7 +803,6 @@ class Engine:
         with ThreadPoolExecutor(max_workers=min(self.workers, len(order))) as pool:
             list(pool.map(one, order))
         self.changed = True
-        return {}
 
     def _remove_extra(self, keep: set[str]) -> None:
         """Remove files from .incoming that the source no longer has."""
@@ -838,7 +841,7 @@ class Engine:
         user = self.source.get("user")
         return f"{user + '@' if user else ''}{host}:{path}"
 
-    def fetch_ssh(self) -> dict[str, str]:
+    def fetch_ssh(self) -> None:
         """Pull from an rsync mirror over SSH into .incoming; hash files as rsync completes them."""
         import shutil
         import subprocess
@@ -846,14 +849,14 @@ class Engine:
 
         control_dir = tempfile.mkdtemp(prefix="model-sync-ssh.")
         try:
-            return self._fetch_ssh(control_dir)
+            self._fetch_ssh(control_dir)
         finally:
             user = self.source.get("user")
             subprocess.run(["ssh"] + self.ssh_opts + ["-o", f"ControlPath={control_dir}/%C", "-O", "exit",
                             f"{user + '@' if user else ''}{self.source['host']}"], capture_output=True)
             shutil.rmtree(control_dir, ignore_errors=True)
 
-    def _fetch_ssh(self, control_dir: str) -> dict[str, str]:
+    def _fetch_ssh(self, control_dir: str) -> None:
         """Body of :meth:`fetch_ssh` with the ssh control socket directory."""
         import subprocess
 
@@ -876,7 +879,7 @@ class Engine:
         self._plan_fetch(pending)
         self.check_space(self.plan["fetch_bytes"])
         if self.check or (not pending and not self.plan["remove"]):
-            return {}
+            return
         self.makedirs(self.incoming)
         from concurrent.futures import ThreadPoolExecutor
 
@@ -915,7 +918,6 @@ class Engine:
         pool.shutdown()
         self.counter.add("bytes_fetched", self.plan["fetch_bytes"])
         self.changed = True
-        return {}
 
     def _hash_incoming(self, rel: str) -> None:
         """Hash a file of .incoming into the cache (by inode, size and mtime as read)."""
@@ -961,8 +963,8 @@ class Engine:
             raise SyncError(f"huggingface_hub could not {mode} {src['repo_id']}@{src.get('revision')}: {msg[-400:]}; partial downloads stay in {self.incoming} and the next run resumes.")
         return proc.stdout
 
-    def fetch_hub(self) -> tuple[dict[str, str], str, dict[str, str]]:
-        """Download a pinned Hub revision into .incoming; returns hashes, commit sha, expected sha256."""
+    def fetch_hub(self) -> tuple[str, dict[str, str]]:
+        """Download a pinned Hub revision into .incoming; returns the commit sha and expected sha256."""
         info = _json().loads(self._hub("info"))
         have = scan(self.incoming)
         expected = {f["path"]: f["sha256"] for f in info["files"] if f.get("sha256")}
@@ -979,12 +981,14 @@ class Engine:
             self._hub("download")
             self.counter.add("bytes_fetched", self.plan["fetch_bytes"])
             self.changed = True
-        return {}, info.get("sha") or "", expected
+        return info.get("sha") or "", expected
 
     # ----- verification of .incoming
 
-    def hash_tree(self, root: str, files: dict[str, os.stat_result], known: dict[str, str]) -> tuple[dict[str, str], set[str], list[str]]:
-        """sha256 of every file (cache, then ``known``, then hashing); returns hashes, rehashed, rotten.
+    def hash_tree(self, root: str, files: dict[str, os.stat_result]) -> tuple[dict[str, str], set[str], list[str]]:
+        """sha256 of every file (the cache, else hashing); returns hashes, rehashed, rotten.
+
+        Fetchers that hashed bytes on the way put them in the cache under the new inode.
 
         ``rotten`` are files whose content changed while size and mtime did not (full mode).
         """
@@ -992,11 +996,6 @@ class Engine:
         todo: list[tuple[str, int]] = []
         cached_before: dict[str, str] = {}
         for rel, st in files.items():
-            digest = known.get(rel)
-            if digest:
-                self.state.store(st, digest)
-                hashes[rel] = digest
-                continue
             cached = self.state.lookup(st)
             if cached and self.verify != "full":
                 hashes[rel] = cached
@@ -1019,12 +1018,12 @@ class Engine:
                     rotten.append(rel)
         return hashes, rehashed, rotten
 
-    def verify_incoming(self, known: dict[str, str], expected: dict[str, str]) -> tuple[dict[str, os.stat_result], dict[str, str], set[str], list[str]]:
+    def verify_incoming(self, expected: dict[str, str]) -> tuple[dict[str, os.stat_result], dict[str, str], set[str], list[str]]:
         """Hash .incoming and compare with the source manifest; returns files, hashes, rehashed, bad."""
         files = scan(self.incoming)
         if MANIFEST_NAME in files:
             expected = {**read_manifest_file(os.path.join(self.incoming, MANIFEST_NAME)), **expected}
-        hashes, rehashed, rotten = self.hash_tree(self.incoming, files, known)
+        hashes, rehashed, rotten = self.hash_tree(self.incoming, files)
         bad = sorted(set(rotten) | {rel for rel, d in expected.items() if rel in hashes and hashes[rel] != d})
         missing = sorted(rel for rel in expected if rel not in files)
         if missing:
@@ -1044,13 +1043,15 @@ class Engine:
             if lock:
                 lock.close()
 
-    def _fetch(self) -> tuple[dict[str, str], str, dict[str, str]]:
-        """Run the source's fetcher; returns known hashes, hub commit, expected hashes."""
+    def _fetch(self) -> tuple[str, dict[str, str]]:
+        """Run the source's fetcher; returns the hub commit and expected sha256 (hub metadata)."""
         kind = self.source.get("type")
         if kind == "mirror" and self.source.get("host"):
-            return self.fetch_ssh(), "", {}
+            self.fetch_ssh()
+            return "", {}
         if kind == "mirror":
-            return self.fetch_local(), "", {}
+            self.fetch_local()
+            return "", {}
         if kind == "hub":
             return self.fetch_hub()
         if kind == "controller_dir":
@@ -1058,31 +1059,32 @@ class Engine:
                 listing = {f["path"]: f for f in self.source_listing}
                 pending = self._pending_local(listing)
                 self._plan_fetch(pending)
-            return {}, "", {}
+            return "", {}
         raise SyncError(f"model_sync_source.type '{kind}' is not one of controller_dir, mirror, hub, host_path.")
 
     def _sync(self, t0: float) -> dict:
         """Body of :meth:`sync` (lock held)."""
-        known, commit, expected = self._fetch()
+        commit, expected = self._fetch()
         self.timings["fetch_s"] = _now() - t0
         if self.check and (self.plan["fetch"] or not os.path.isdir(self.incoming)):
             return self._check_result(commit)
         t1 = _now()
-        files, hashes, rehashed, bad = self.verify_incoming(known, expected)
+        files, hashes, rehashed, bad = self.verify_incoming(expected)
         if bad and self.refetch and self.source.get("type") != "controller_dir" and not self.check:
             self.log(f"sha256 mismatch in {', '.join(bad)}; fetching again")
             for rel in bad:
                 os.unlink(os.path.join(self.incoming, rel))
             self.plan["refetched"] = bad
-            known, commit, expected = self._fetch()
-            files, hashes, rehashed, bad = self.verify_incoming(known, expected)
+            commit, expected = self._fetch()
+            files, hashes, rehashed, bad = self.verify_incoming(expected)
         if bad:
             if self.source.get("type") == "controller_dir" and self.refetch and not self.check:
                 for rel in bad:
                     os.unlink(os.path.join(self.incoming, rel))
                 return {"changed": True, "refetch": bad, "plan": self.plan, "stats": self.stats(t0),
                         "msg": f"sha256 mismatch in {', '.join(bad)}; removed from {INCOMING} so the next push fetches it again"}
-            raise SyncError(f"sha256 mismatch in {', '.join(bad)} after fetching again; the source itself is corrupt or its manifest is wrong.")
+            again = " after fetching again" if self.plan.get("refetched") or not self.refetch else ""
+            raise SyncError(f"sha256 mismatch in {', '.join(bad)}{again}; the source itself is corrupt or its manifest is wrong.")
         model = self.checked_model(self.incoming, files, rehashed, f"the source snapshot {self.incoming}")
         self.plan["notes"].extend(model["notes"])
         manifest = {rel: [files[rel].st_size, hashes[rel]] for rel in sorted(files)}
@@ -1324,7 +1326,7 @@ class Engine:
             raise SyncError(f"model_sync_source.path {path} is not a directory on the host.")
         files = scan(path)
         expected = read_manifest_file(os.path.join(path, MANIFEST_NAME)) if MANIFEST_NAME in files else {}
-        hashes, rehashed, rotten = self.hash_tree(path, files, {})
+        hashes, rehashed, rotten = self.hash_tree(path, files)
         bad = sorted(set(rotten) | {rel for rel, d in expected.items() if rel in hashes and hashes[rel] != d})
         missing = sorted(rel for rel in expected if rel not in files)
         self.state.save()

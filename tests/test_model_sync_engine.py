@@ -349,7 +349,7 @@ def add(self, key, n):
     if key == "bytes_fetched" and self.values["bytes_fetched"] > 4_000_000:
         os.kill(os.getpid(), signal.SIGKILL)
 ms.Counter.add = add
-ms.BUF_SIZE = 1 << 20
+ms.COPY_CHUNK = 1 << 20
 sys.exit(ms.cli(["deploy", {str(tmp_path / 'dest/m')!r}, "--source-path", {str(src)!r},
                  "--state-dir", {str(tmp_path / 'state')!r}, "--reserve-mib", "0", "--workers", "1",
                  "--owner", str(os.getuid()), "--group", str(os.getgid())]))

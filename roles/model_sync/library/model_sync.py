@@ -969,7 +969,9 @@ class Engine:
             msg = tail[0]
             if self.hf_token:
                 msg = msg.replace(self.hf_token, "********")
-            raise SyncError(f"huggingface_hub could not {mode} {src['repo_id']}@{src.get('revision')}: {msg[-400:]}; partial downloads stay in {self.incoming} and the next run resumes.")
+            what = "read the file list of" if mode == "info" else "download"
+            raise SyncError(f"huggingface_hub could not {what} {src['repo_id']}@{src.get('revision')}: {msg[-400:]}; "
+                            f"partial downloads stay in {self.incoming} and the next run resumes.")
         return proc.stdout
 
     def fetch_hub(self) -> tuple[str, dict[str, str]]:

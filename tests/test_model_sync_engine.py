@@ -182,10 +182,14 @@ def test_hash_many_runs_in_parallel_and_is_correct(tmp_path, monkeypatch):
         p.write_bytes(os.urandom(300_000 + i))
         files.append((str(p), p.stat().st_size))
     seen_threads: set[int] = set()
+    two_at_once = threading.Event()
     real = ms.sha256_file
 
     def spy(path, counter=None):
         seen_threads.add(threading.get_ident())
+        if len(seen_threads) > 1:
+            two_at_once.set()
+        two_at_once.wait(5)  # a serial implementation would stall here, then fail below
         return real(path, counter)
 
     monkeypatch.setattr(ms, "sha256_file", spy)
@@ -193,7 +197,7 @@ def test_hash_many_runs_in_parallel_and_is_correct(tmp_path, monkeypatch):
     out = ms.hash_many(files, 3, counter)
     for path, _ in files:
         assert out[path] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    assert len(seen_threads) > 1
+    assert two_at_once.is_set() and len(seen_threads) > 1
     assert counter.values["bytes_hashed"] == sum(s for _, s in files)
 
 

@@ -76,6 +76,7 @@ def test_host_facts_on_a_free_port():
     facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
                                       capture_output=True, text=True, check=True).stdout)
     assert facts["port"] == {"listening": False, "pid": None, "command": None, "user": None, "unit": None}
+    assert facts["deployed"] == {}
 
 
 def test_check_argument_specs_passes_on_the_repository():
@@ -122,3 +123,15 @@ def test_sglang_lock_pins_the_engine_and_the_kernels_fix_on_every_python(repo):
     for python in ((3, 10), (3, 11), (3, 12)):
         pins = venv_state.read_lock(str(repo / "roles/ml_env/files/locks/sglang-0.5.11.txt"), python)
         assert (pins["sglang"], pins["kernels"], pins["torch"]) == ("0.5.11", "0.12.3", "2.11.0")
+
+
+def test_host_facts_reads_the_deployed_state(tmp_path):
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"venv_dir": "/opt/ml-env.d/abc", "model_dir": "/srv/m/revisions/r1"}))
+    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert facts["deployed"]["venv_dir"] == "/opt/ml-env.d/abc"
+    state.write_text("{not json")
+    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
+                                      capture_output=True, text=True, check=True).stdout)
+    assert facts["deployed"] == {}

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Read, in one round trip, the host facts a deploy checks before it changes anything.
 
-``host_facts.py PORT`` prints one JSON object:
+``host_facts.py PORT [STATE_FILE]`` prints one JSON object:
 
 * ``glibc``: the C library version (``os.confstr``), e.g. ``"2.36"``;
 * ``gpus``: ``[{"index", "name", "memory_mib"}]`` from ``nvidia-smi`` (``[]`` without it);
 * ``gpu_error``: why nvidia-smi gave nothing, when it exists but fails;
 * ``port``: ``{"listening", "pid", "command", "unit"}``: who listens on PORT, and the
-  systemd service unit whose cgroup holds that process (``/proc`` only, no ss/lsof).
+  systemd service unit whose cgroup holds that process (``/proc`` only, no ss/lsof);
+* ``deployed``: the JSON content of STATE_FILE (the last-known-good record of a previous
+  deploy), or ``{}`` when there is none.
 
 Stdlib only, so it runs with the host's system python3.
 """
@@ -111,14 +113,27 @@ def port_owner(port: int) -> dict[str, object]:
             "unit": unit_of(pid) if pid else None}
 
 
+def deployed_state(path: str | None) -> dict[str, object]:
+    """The last-known-good record of a previous deploy, ``{}`` when absent or unreadable."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def main() -> int:
     """Entry point."""
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        print("usage: host_facts.py PORT", file=sys.stderr)
+    if len(sys.argv) not in (2, 3) or not sys.argv[1].isdigit():
+        print("usage: host_facts.py PORT [STATE_FILE]", file=sys.stderr)
         return 2
     found, error = gpus()
     print(json.dumps({"glibc": glibc_version(), "gpus": found, "gpu_error": error,
-                      "port": port_owner(int(sys.argv[1]))}))
+                      "port": port_owner(int(sys.argv[1])),
+                      "deployed": deployed_state(sys.argv[2] if len(sys.argv) == 3 else None)}))
     return 0
 
 

@@ -1,4 +1,5 @@
 """tools/health-gate: --json output and exit codes 0 pass / 1 fail / 2 usage error."""
+
 from __future__ import annotations
 
 import json
@@ -10,23 +11,48 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_gate_support import CLI, fake_server  # noqa: E402,F401 - fixture used by name
 
-FAST = ["--warmup", "1", "--requests", "2", "--max-tokens", "16", "--poll-interval", "0.2",
-        "--request-timeout", "5", "--health-timeout", "2", "--quiet"]
+FAST = [
+    "--warmup",
+    "1",
+    "--requests",
+    "2",
+    "--max-tokens",
+    "16",
+    "--poll-interval",
+    "0.2",
+    "--request-timeout",
+    "5",
+    "--health-timeout",
+    "2",
+    "--quiet",
+]
 
 
 def run_cli(*args: str, env: dict = None) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.pop("HEALTH_GATE_API_KEY", None)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True, timeout=120,
-                          env=full_env)
+    return subprocess.run([sys.executable, str(CLI), *args], capture_output=True, text=True, timeout=120, env=full_env)
 
 
 def test_pass_prints_the_report_and_exits_0(fake_server, tmp_path):
     server = fake_server()
-    proc = run_cli("--url", server.url, *FAST, "--json", "--min-decode-tps", "1", "--max-ttft", "5",
-                   "--report-dir", str(tmp_path / "gate"), "--meta", "model_revision=abc123",
-                   "--meta", "unit_sha256=0f0f")
+    proc = run_cli(
+        "--url",
+        server.url,
+        *FAST,
+        "--json",
+        "--min-decode-tps",
+        "1",
+        "--max-ttft",
+        "5",
+        "--report-dir",
+        str(tmp_path / "gate"),
+        "--meta",
+        "model_revision=abc123",
+        "--meta",
+        "unit_sha256=0f0f",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["passed"] is True

@@ -1,4 +1,5 @@
 """The gate against scripted local HTTP servers: measurement, SGLang details, failure modes."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,16 @@ def test_tokens_come_from_usage_not_from_chunk_counts(fake_server):
 
 def test_requests_are_streaming_greedy_fixed_length_and_ask_for_usage(fake_server):
     server = fake_server()
-    report = llm_gate.run_gate(base_options(server.url, warmup_requests=2, requests=3, max_tokens=77,
-                                            api_key="sk-test-key", prompts=["alpha prompt", "beta prompt"]))
+    report = llm_gate.run_gate(
+        base_options(
+            server.url,
+            warmup_requests=2,
+            requests=3,
+            max_tokens=77,
+            api_key="sk-test-key",
+            prompts=["alpha prompt", "beta prompt"],
+        )
+    )
     assert report["passed"], report["reasons"]
     chats = server.chat_requests()
     assert len(chats) == 5  # 2 warm-up + 3 measured
@@ -75,9 +84,15 @@ def test_concurrency_runs_requests_in_parallel(fake_server):
 
 
 def test_sglang_version_and_accept_length_from_server_info(fake_server):
-    info = {"version": "0.5.11", "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
-            "tp_size": 2, "api_key": "sk-leak", "model_path": "/root/models/Qwen3.6-27B",
-            "internal_states": [{"avg_spec_accept_length": 2.31, "last_gen_throughput": 55.0}]}
+    info = {
+        "version": "0.5.11",
+        "speculative_algorithm": "EAGLE",
+        "speculative_num_steps": 3,
+        "tp_size": 2,
+        "api_key": "sk-leak",
+        "model_path": "/root/models/Qwen3.6-27B",
+        "internal_states": [{"avg_spec_accept_length": 2.31, "last_gen_throughput": 55.0}],
+    }
     server = fake_server(server_info=info, models=["/root/models/Qwen3.6-27B"])
     report = llm_gate.run_gate(base_options(server.url, min_accept_length=1.5, api_key="sk-leak"))
     assert report["passed"], report["reasons"]
@@ -90,8 +105,11 @@ def test_sglang_version_and_accept_length_from_server_info(fake_server):
 
 
 def test_low_accept_length_fails_the_gate(fake_server):
-    info = {"version": "0.5.11", "speculative_algorithm": "EAGLE",
-            "internal_states": [{"avg_spec_accept_length": 1.016}]}
+    info = {
+        "version": "0.5.11",
+        "speculative_algorithm": "EAGLE",
+        "internal_states": [{"avg_spec_accept_length": 1.016}],
+    }
     server = fake_server(server_info=info)
     report = llm_gate.run_gate(base_options(server.url, min_accept_length=1.5))
     assert not report["passed"]

@@ -3,6 +3,7 @@
 The module runs under /usr/bin/python3 (the system python, as on a real host) to prove
 it needs nothing beyond the standard library.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -33,22 +34,40 @@ def tool(name: str) -> str:
 
 def ansible_env() -> dict:
     env = dict(os.environ)
-    env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_DEPRECATION_WARNINGS="false",
-               ANSIBLE_LIBRARY=str(ROLE / "library"), ANSIBLE_MODULE_UTILS=str(ROLE / "module_utils"),
-               ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="json",
-               ANSIBLE_ROLES_PATH=str(REPO / "roles"), ANSIBLE_NOCOLOR="1")
+    env.update(
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_DEPRECATION_WARNINGS="false",
+        ANSIBLE_LIBRARY=str(ROLE / "library"),
+        ANSIBLE_MODULE_UTILS=str(ROLE / "module_utils"),
+        ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
+        ANSIBLE_STDOUT_CALLBACK="json",
+        ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+        ANSIBLE_NOCOLOR="1",
+    )
     return env
 
 
 def run_module(args: dict, check: bool = False) -> dict:
     """Run health_gate ad hoc on localhost; the module's result."""
-    argv = [tool("ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m", "health_gate",
-            "-a", json.dumps(args), "-e", "ansible_python_interpreter=%s" % SYSTEM_PYTHON]
+    argv = [
+        tool("ansible"),
+        "localhost",
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-m",
+        "health_gate",
+        "-a",
+        json.dumps(args),
+        "-e",
+        "ansible_python_interpreter=%s" % SYSTEM_PYTHON,
+    ]
     if check:
         argv.append("--check")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=ansible_env(), cwd=str(REPO))
     try:
-        out = json.loads(proc.stdout[proc.stdout.index("{"):])
+        out = json.loads(proc.stdout[proc.stdout.index("{") :])
     except ValueError:
         pytest.fail("ansible gave no JSON: rc %d\n%s\n%s" % (proc.returncode, proc.stdout, proc.stderr))
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
@@ -64,11 +83,24 @@ def load_module():
 
 
 def test_ansible_doc_renders_the_module():
-    proc = subprocess.run([tool("ansible-doc"), "-M", str(ROLE / "library"), "health_gate"], capture_output=True,
-                          text=True, timeout=60, env=ansible_env())
+    proc = subprocess.run(
+        [tool("ansible-doc"), "-M", str(ROLE / "library"), "health_gate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ansible_env(),
+    )
     assert proc.returncode == 0, proc.stderr
-    for word in ("min_decode_tps", "max_ttft_s", "min_accept_length", "ready_timeout_s", "report_dir",
-                 "report_path", "EXAMPLES", "RETURN VALUES"):
+    for word in (
+        "min_decode_tps",
+        "max_ttft_s",
+        "min_accept_length",
+        "ready_timeout_s",
+        "report_dir",
+        "report_path",
+        "EXAMPLES",
+        "RETURN VALUES",
+    ):
         assert word in proc.stdout, word
 
 
@@ -108,7 +140,7 @@ def test_the_role_passes_every_gate_variable_to_the_module():
     gate = (ROLE / "tasks" / "gate.yml").read_text()
     spec = load_module().argument_spec()
     for name in defaults:
-        option = name[len("health_gate_"):]
+        option = name[len("health_gate_") :]
         if option in ("unit_file", "env_file"):
             continue  # read by metadata.yml
         assert option in spec, name
@@ -117,9 +149,19 @@ def test_the_role_passes_every_gate_variable_to_the_module():
 
 def test_module_pass_is_unchanged_and_stores_the_report(fake_server, tmp_path):
     server = fake_server()
-    out = run_module({"url": server.url, "warmup_requests": 1, "requests": 2, "max_tokens": 16,
-                      "poll_interval_s": 0.2, "min_decode_tps": 1, "report_dir": str(tmp_path / "gate"),
-                      "metadata": {"model_revision": "r1"}, "api_key": "sk-mod-555"})
+    out = run_module(
+        {
+            "url": server.url,
+            "warmup_requests": 1,
+            "requests": 2,
+            "max_tokens": 16,
+            "poll_interval_s": 0.2,
+            "min_decode_tps": 1,
+            "report_dir": str(tmp_path / "gate"),
+            "metadata": {"model_revision": "r1"},
+            "api_key": "sk-mod-555",
+        }
+    )
     assert out.get("failed") is not True, out.get("msg")
     assert out["changed"] is False
     assert out["passed"] is True and out["msg"].startswith("gate PASS: ")
@@ -132,8 +174,17 @@ def test_module_pass_is_unchanged_and_stores_the_report(fake_server, tmp_path):
 
 def test_module_failure_fails_the_task_and_still_stores_the_report(fake_server, tmp_path):
     server = fake_server()
-    out = run_module({"url": server.url, "warmup_requests": 0, "requests": 2, "max_tokens": 16,
-                      "poll_interval_s": 0.2, "min_decode_tps": 100000, "report_dir": str(tmp_path / "gate")})
+    out = run_module(
+        {
+            "url": server.url,
+            "warmup_requests": 0,
+            "requests": 2,
+            "max_tokens": 16,
+            "poll_interval_s": 0.2,
+            "min_decode_tps": 100000,
+            "report_dir": str(tmp_path / "gate"),
+        }
+    )
     assert out["failed"] is True and out["changed"] is False
     assert out["msg"].startswith("gate FAIL: ")
     assert "below min_decode_tps 100000" in out["msg"]
@@ -143,8 +194,7 @@ def test_module_failure_fails_the_task_and_still_stores_the_report(fake_server, 
 
 def test_module_rejects_bad_thresholds_before_measuring(fake_server, tmp_path):
     server = fake_server()
-    out = run_module({"url": server.url, "requests": 0, "min_decode_tps": -1,
-                      "report_dir": str(tmp_path / "gate")})
+    out = run_module({"url": server.url, "requests": 0, "min_decode_tps": -1, "report_dir": str(tmp_path / "gate")})
     assert out["failed"] is True
     assert out["msg"].startswith("health_gate: invalid options: ")
     assert "requests must be at least 1" in out["msg"]
@@ -154,7 +204,16 @@ def test_module_rejects_bad_thresholds_before_measuring(fake_server, tmp_path):
 
 def test_module_in_check_mode_measures_but_writes_nothing(fake_server, tmp_path):
     server = fake_server()
-    out = run_module({"url": server.url, "warmup_requests": 0, "requests": 1, "max_tokens": 8,
-                      "poll_interval_s": 0.2, "report_dir": str(tmp_path / "gate")}, check=True)
+    out = run_module(
+        {
+            "url": server.url,
+            "warmup_requests": 0,
+            "requests": 1,
+            "max_tokens": 8,
+            "poll_interval_s": 0.2,
+            "report_dir": str(tmp_path / "gate"),
+        },
+        check=True,
+    )
     assert out["passed"] is True and out["report_path"] is None
     assert not (tmp_path / "gate").exists()

@@ -4,6 +4,7 @@ Finds the CPU venv and the model under ``$DEPLOY_CACHE_DIR`` (default ``<repo>/.
 which ``make tools-venv model`` builds. Missing, these tests FAIL (they never skip):
 the happy path must be proven against a real server.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,14 +33,26 @@ def start_server(tmp: Path, port: int) -> subprocess.Popen:
     """Start ``transformers serve`` on ``port``, output in ``tmp/server.log``."""
     missing = [str(p) for p in (SERVE, MODEL / "config.json") if not p.exists()]
     if missing:
-        pytest.fail("rehearsal server not available: %s missing. Run `make tools-venv model` or set "
-                    "DEPLOY_CACHE_DIR to a cache that has them." % ", ".join(missing))
+        pytest.fail(
+            "rehearsal server not available: %s missing. Run `make tools-venv model` or set "
+            "DEPLOY_CACHE_DIR to a cache that has them." % ", ".join(missing)
+        )
     (tmp / "hf" / "hub").mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, HF_HOME=str(tmp / "hf"), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
-               TRANSFORMERS_NO_ADVISORY_WARNINGS="1")
+    env = dict(
+        os.environ,
+        HF_HOME=str(tmp / "hf"),
+        HF_HUB_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+    )
     log = open(tmp / "server.log", "wb")
-    return subprocess.Popen([str(SERVE), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
-                             str(MODEL)], stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(
+        [str(SERVE), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", str(MODEL)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def stop_server(proc: subprocess.Popen) -> None:
@@ -88,9 +101,30 @@ def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_server):
     srv = rehearsal_server
-    proc = run_cli("--url", srv["url"], "--model", srv["model"], "--pid", str(srv["proc"].pid),
-                   "--log", str(srv["log"]), "--engine", "transformers", "--warmup", "1", "--requests", "3",
-                   "--max-tokens", "24", "--min-decode-tps", "1", "--max-ttft", "60", "--json", "--quiet")
+    proc = run_cli(
+        "--url",
+        srv["url"],
+        "--model",
+        srv["model"],
+        "--pid",
+        str(srv["proc"].pid),
+        "--log",
+        str(srv["log"]),
+        "--engine",
+        "transformers",
+        "--warmup",
+        "1",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "24",
+        "--min-decode-tps",
+        "1",
+        "--max-ttft",
+        "60",
+        "--json",
+        "--quiet",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["passed"] and report["engine"] == "transformers" and report["model"] == srv["model"]
@@ -115,17 +149,34 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
     playbook = tmp_path / "gate.yml"
     playbook.write_text(
         "- name: Gate the rehearsal server\n  hosts: localhost\n  connection: local\n"
-        "  gather_facts: false\n  roles:\n    - role: health_gate\n")
-    extra = {"health_gate_url": srv["url"], "health_gate_unit": "", "health_gate_model": srv["model"],
-             "health_gate_engine": "transformers", "health_gate_warmup_requests": 1, "health_gate_requests": 2,
-             "health_gate_max_tokens": 16, "health_gate_min_decode_tps": 1, "health_gate_max_ttft_s": 60,
-             "health_gate_report_dir": str(report_dir), "health_gate_unit_file": str(unit_file),
-             "health_gate_metadata": {"venv_lock_sha256": "feed"}, "model_sync_revision": "tiny-r1",
-             "ansible_python_interpreter": SYSTEM_PYTHON}
+        "  gather_facts: false\n  roles:\n    - role: health_gate\n"
+    )
+    extra = {
+        "health_gate_url": srv["url"],
+        "health_gate_unit": "",
+        "health_gate_model": srv["model"],
+        "health_gate_engine": "transformers",
+        "health_gate_warmup_requests": 1,
+        "health_gate_requests": 2,
+        "health_gate_max_tokens": 16,
+        "health_gate_min_decode_tps": 1,
+        "health_gate_max_ttft_s": 60,
+        "health_gate_report_dir": str(report_dir),
+        "health_gate_unit_file": str(unit_file),
+        "health_gate_metadata": {"venv_lock_sha256": "feed"},
+        "model_sync_revision": "tiny-r1",
+        "ansible_python_interpreter": SYSTEM_PYTHON,
+    }
     env = ansible_env()
     env.pop("ANSIBLE_STDOUT_CALLBACK")
-    proc = subprocess.run([tool("ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
-                          capture_output=True, text=True, timeout=400, env=env, cwd=str(REPO))
+    proc = subprocess.run(
+        [tool("ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=str(REPO),
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "gate PASS: " in proc.stdout
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
@@ -143,15 +194,29 @@ def test_role_failure_prints_the_summary_fails_and_keeps_the_report(rehearsal_se
     playbook = tmp_path / "gate.yml"
     playbook.write_text(
         "- name: Gate the rehearsal server\n  hosts: localhost\n  connection: local\n"
-        "  gather_facts: false\n  roles:\n    - role: health_gate\n")
-    extra = {"health_gate_url": srv["url"], "health_gate_unit": "", "health_gate_model": srv["model"],
-             "health_gate_warmup_requests": 0, "health_gate_requests": 1, "health_gate_max_tokens": 8,
-             "health_gate_min_decode_tps": 100000, "health_gate_report_dir": str(report_dir),
-             "ansible_python_interpreter": SYSTEM_PYTHON}
+        "  gather_facts: false\n  roles:\n    - role: health_gate\n"
+    )
+    extra = {
+        "health_gate_url": srv["url"],
+        "health_gate_unit": "",
+        "health_gate_model": srv["model"],
+        "health_gate_warmup_requests": 0,
+        "health_gate_requests": 1,
+        "health_gate_max_tokens": 8,
+        "health_gate_min_decode_tps": 100000,
+        "health_gate_report_dir": str(report_dir),
+        "ansible_python_interpreter": SYSTEM_PYTHON,
+    }
     env = ansible_env()
     env.pop("ANSIBLE_STDOUT_CALLBACK")
-    proc = subprocess.run([tool("ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
-                          capture_output=True, text=True, timeout=400, env=env, cwd=str(REPO))
+    proc = subprocess.run(
+        [tool("ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=str(REPO),
+    )
     assert proc.returncode != 0
     out = proc.stdout
     assert "gate FAIL: " in out and "is below min_decode_tps 100000" in out
@@ -163,10 +228,27 @@ def test_a_real_server_killed_while_loading_fails_the_gate_within_seconds(tmp_pa
     port = free_port()
     server = start_server(tmp_path, port)
     try:
-        gate = subprocess.Popen([SYSTEM_PYTHON, str(CLI), "--url", "http://127.0.0.1:%d" % port,
-                                 "--pid", str(server.pid), "--log", str(tmp_path / "server.log"),
-                                 "--model", str(MODEL), "--ready-timeout", "300", "--json", "--quiet"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        gate = subprocess.Popen(
+            [
+                SYSTEM_PYTHON,
+                str(CLI),
+                "--url",
+                "http://127.0.0.1:%d" % port,
+                "--pid",
+                str(server.pid),
+                "--log",
+                str(tmp_path / "server.log"),
+                "--model",
+                str(MODEL),
+                "--ready-timeout",
+                "300",
+                "--json",
+                "--quiet",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(2.0)  # transformers serve needs about 6 s to load: it is still loading
         assert server.poll() is None
         os.killpg(server.pid, signal.SIGKILL)

@@ -2,6 +2,7 @@
 fake ``systemctl``/``journalctl`` executables, and paths. No tests of its own beyond a
 sanity check of the fake server (the other ``test_gate_*`` modules import it).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ def chunk(obj: Any) -> bytes:
 def content_chunk(text: str, finish: Optional[str] = None, usage: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
     """A chat.completion.chunk carrying ``text``."""
     delta = {"content": text} if text else {}
-    out: Dict[str, Any] = {"object": "chat.completion.chunk",
-                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    out: Dict[str, Any] = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
     if usage is not None:
         out["usage"] = usage
     return out
@@ -61,9 +64,11 @@ class FakeLLMServer(object):
 
     def __init__(self, port: int = 0, **scenario: Any) -> None:
         self.scenario: Dict[str, Any] = {
-            "health": 200, "models": ["fake-model"], "server_info": None, "generate_meta": None,
-            "chat": {"mode": "ok", "chunks": 11, "tokens_per_chunk": 1, "ttft": 0.05, "gap": 0.01,
-                     "done": True},
+            "health": 200,
+            "models": ["fake-model"],
+            "server_info": None,
+            "generate_meta": None,
+            "chat": {"mode": "ok", "chunks": 11, "tokens_per_chunk": 1, "ttft": 0.05, "gap": 0.01, "done": True},
         }
         self.scenario.update(scenario)
         self.requests: List[Dict[str, Any]] = []
@@ -85,8 +90,9 @@ class FakeLLMServer(object):
                 self.wfile.write(body)
 
             def _record(self, body: Optional[Dict[str, Any]] = None) -> None:
-                server.requests.append({"path": self.path, "method": self.command,
-                                        "headers": dict(self.headers), "body": body})
+                server.requests.append(
+                    {"path": self.path, "method": self.command, "headers": dict(self.headers), "body": body}
+                )
 
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 self._record()
@@ -148,7 +154,7 @@ class FakeLLMServer(object):
                         server.stop_event.wait(c.get("stall_s", 30))
                         return
                     if mode == "drop" and i == c.get("drop_after", 3):
-                        self.wfile.write(b"40\r\ndata: {\"choi")  # half a chunk, then hang up
+                        self.wfile.write(b'40\r\ndata: {"choi')  # half a chunk, then hang up
                         self.wfile.flush()
                         self.connection.shutdown(socket.SHUT_RDWR)
                         self.close_connection = True
@@ -255,9 +261,18 @@ class FakeSystemd(object):
 
     def set_state(self, **props: Any) -> None:
         """Replace the unit's properties (atomically, the watcher may be reading)."""
-        state = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success",
-                 "NRestarts": 0, "InvocationID": "inv-one", "MainPID": 4242, "ExecMainPID": 4242,
-                 "ExecMainCode": 0, "ExecMainStatus": 0}
+        state = {
+            "LoadState": "loaded",
+            "ActiveState": "active",
+            "SubState": "running",
+            "Result": "success",
+            "NRestarts": 0,
+            "InvocationID": "inv-one",
+            "MainPID": 4242,
+            "ExecMainPID": 4242,
+            "ExecMainCode": 0,
+            "ExecMainStatus": 0,
+        }
         state.update(props)
         tmp = self.root / "state.json.tmp"
         tmp.write_text(json.dumps(state))
@@ -292,9 +307,17 @@ def later(seconds: float, fn, *args: Any, **kwargs: Any) -> threading.Timer:
 
 def base_options(url: str, **extra: Any) -> Dict[str, Any]:
     """Small, fast gate options for tests."""
-    opts: Dict[str, Any] = {"url": url, "ready_timeout_s": 10, "poll_interval_s": 0.2, "health_timeout_s": 2,
-                            "request_timeout_s": 5, "warmup_requests": 1, "requests": 3, "concurrency": 1,
-                            "max_tokens": 16}
+    opts: Dict[str, Any] = {
+        "url": url,
+        "ready_timeout_s": 10,
+        "poll_interval_s": 0.2,
+        "health_timeout_s": 2,
+        "request_timeout_s": 5,
+        "warmup_requests": 1,
+        "requests": 3,
+        "concurrency": 1,
+        "max_tokens": 16,
+    }
     opts.update(extra)
     return opts
 

@@ -5,6 +5,7 @@ systemd on the development machines); the lead's molecule scenario runs the same
 against real systemd, and bench/gate measures it against a real unit in a systemd
 container.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -23,21 +24,31 @@ from test_gate_support import (  # noqa: E402,F401 - fixtures are used by name
     timed,
 )
 
-TRACEBACK = [
-    "Traceback (most recent call last):",
-    '  File "/root/ml-env/lib/python3.12/site-packages/sglang/launch_server.py", line 11, in <module>',
-    "    server_args = prepare_server_args(sys.argv[1:])",
-] + [line for i in range(40) for line in ('  File "/x/server_args.py", line %d, in f%d' % (i, i), "    call()")] + [
-    "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix "
-    "cache when using --mamba-scheduler-strategy no_buffer.",
-]
-JOURNAL = (["Starting inference-server.service - LLM inference server...",
-            "Started inference-server.service - LLM inference server.",
-            "UserWarning: python -m sglang.launch_server is still supported, sglang serve is recommended"]
-           + ["[2026-11-29 18:46:%02d] loading step %d" % (i % 60, i) for i in range(120)]
-           + TRACEBACK
-           + ["inference-server.service: Main process exited, code=exited, status=1/FAILURE",
-              "inference-server.service: Failed with result 'exit-code'."])
+TRACEBACK = (
+    [
+        "Traceback (most recent call last):",
+        '  File "/root/ml-env/lib/python3.12/site-packages/sglang/launch_server.py", line 11, in <module>',
+        "    server_args = prepare_server_args(sys.argv[1:])",
+    ]
+    + [line for i in range(40) for line in ('  File "/x/server_args.py", line %d, in f%d' % (i, i), "    call()")]
+    + [
+        "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix "
+        "cache when using --mamba-scheduler-strategy no_buffer.",
+    ]
+)
+JOURNAL = (
+    [
+        "Starting inference-server.service - LLM inference server...",
+        "Started inference-server.service - LLM inference server.",
+        "UserWarning: python -m sglang.launch_server is still supported, sglang serve is recommended",
+    ]
+    + ["[2026-11-29 18:46:%02d] loading step %d" % (i % 60, i) for i in range(120)]
+    + TRACEBACK
+    + [
+        "inference-server.service: Main process exited, code=exited, status=1/FAILURE",
+        "inference-server.service: Failed with result 'exit-code'.",
+    ]
+)
 
 
 def refused_url() -> str:
@@ -46,18 +57,29 @@ def refused_url() -> str:
 
 def test_unit_failing_while_loading_fails_at_once_with_the_whole_traceback(fake_systemd):
     fake_systemd.set_journal("inv-one", JOURNAL)
-    later(1.0, fake_systemd.set_state, ActiveState="failed", SubState="failed", Result="exit-code",
-          ExecMainCode=1, ExecMainStatus=1, MainPID=0)
+    later(
+        1.0,
+        fake_systemd.set_state,
+        ActiveState="failed",
+        SubState="failed",
+        Result="exit-code",
+        ExecMainCode=1,
+        ExecMainStatus=1,
+        MainPID=0,
+    )
     report, took = timed(llm_gate.run_gate, base_options(refused_url(), unit="inference-server", ready_timeout_s=60))
     assert not report["passed"]
     assert took < 4, "the gate must fail within seconds, not at the 60 s deadline"
     assert report["phase"] == "loading"
     reason = report["reasons"][0]
-    assert reason.startswith("unit inference-server.service failed (failed/failed, result exit-code, "
-                             "main process exited with status 1)")
+    assert reason.startswith(
+        "unit inference-server.service failed (failed/failed, result exit-code, " "main process exited with status 1)"
+    )
     assert "while the server was loading" in reason
-    assert reason.endswith("ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not "
-                           "compatible with radix cache when using --mamba-scheduler-strategy no_buffer.")
+    assert reason.endswith(
+        "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not "
+        "compatible with radix cache when using --mamba-scheduler-strategy no_buffer."
+    )
     ev = report["evidence"]
     # the whole start: first line to the last, traceback included, not a fixed tail
     assert ev["log"].splitlines() == JOURNAL
@@ -90,8 +112,15 @@ def test_a_manual_restart_changes_the_invocation_and_fails(fake_systemd):
 
 
 def test_auto_restart_state_is_a_failure(fake_systemd):
-    later(0.6, fake_systemd.set_state, ActiveState="activating", SubState="auto-restart", Result="signal",
-          ExecMainCode=2, ExecMainStatus=9)
+    later(
+        0.6,
+        fake_systemd.set_state,
+        ActiveState="activating",
+        SubState="auto-restart",
+        Result="signal",
+        ExecMainCode=2,
+        ExecMainStatus=9,
+    )
     report = llm_gate.run_gate(base_options(refused_url(), unit="inference-server"))
     assert "exited and waits to be restarted" in report["reasons"][0]
     assert "main process killed by SIGKILL" in report["reasons"][0]
@@ -105,8 +134,9 @@ def test_a_unit_that_exits_cleanly_is_a_failure_too(fake_systemd):
 
 def test_a_unit_already_failed_fails_before_any_request(fake_systemd, fake_server):
     server = fake_server()
-    fake_systemd.set_state(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode=1,
-                           ExecMainStatus=1)
+    fake_systemd.set_state(
+        ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode=1, ExecMainStatus=1
+    )
     fake_systemd.set_journal("inv-one", ["boom", "OSError: weights missing"])
     report = llm_gate.run_gate(base_options(server.url, unit="inference-server"))
     assert not report["passed"] and report["phase"] == "watch"
@@ -129,10 +159,19 @@ def test_unit_dying_mid_measurement_fails_at_once(fake_systemd, fake_server):
     # each request takes about 2 s; the unit fails 1.5 s into the measurement
     server = fake_server(chat={"mode": "ok", "chunks": 41, "ttft": 0.1, "gap": 0.05})
     fake_systemd.set_journal("inv-one", ["serving", "torch.OutOfMemoryError: CUDA out of memory."])
-    later(1.5, fake_systemd.set_state, ActiveState="failed", SubState="failed", Result="oom-kill",
-          ExecMainCode=2, ExecMainStatus=9)
-    report, took = timed(llm_gate.run_gate, base_options(server.url, unit="inference-server", warmup_requests=0,
-                                                         requests=5, request_timeout_s=30))
+    later(
+        1.5,
+        fake_systemd.set_state,
+        ActiveState="failed",
+        SubState="failed",
+        Result="oom-kill",
+        ExecMainCode=2,
+        ExecMainStatus=9,
+    )
+    report, took = timed(
+        llm_gate.run_gate,
+        base_options(server.url, unit="inference-server", warmup_requests=0, requests=5, request_timeout_s=30),
+    )
     assert not report["passed"] and report["phase"] == "measure"
     assert took < 4
     assert "failed (failed/failed, result oom-kill" in report["reasons"][0]
@@ -142,8 +181,15 @@ def test_unit_dying_mid_measurement_fails_at_once(fake_systemd, fake_server):
 def test_a_long_journal_is_capped_and_says_so(fake_systemd):
     lines = ["noise %d" % i for i in range(5000)] + TRACEBACK
     fake_systemd.set_journal("inv-one", lines)
-    later(0.5, fake_systemd.set_state, ActiveState="failed", SubState="failed", Result="exit-code",
-          ExecMainCode=1, ExecMainStatus=1)
+    later(
+        0.5,
+        fake_systemd.set_state,
+        ActiveState="failed",
+        SubState="failed",
+        Result="exit-code",
+        ExecMainCode=1,
+        ExecMainStatus=1,
+    )
     report = llm_gate.run_gate(base_options(refused_url(), unit="inference-server", journal_max_lines=200))
     ev = report["evidence"]
     assert ev["log_capped"] is True and ev["log_lines"] == 200
@@ -153,8 +199,7 @@ def test_a_long_journal_is_capped_and_says_so(fake_systemd):
 
 
 def test_the_api_key_never_leaks_through_the_journal(fake_systemd):
-    fake_systemd.set_journal("inv-one", ["server_args=ServerArgs(api_key='sk-live-123', tp_size=2)",
-                                         "ValueError: bad"])
+    fake_systemd.set_journal("inv-one", ["server_args=ServerArgs(api_key='sk-live-123', tp_size=2)", "ValueError: bad"])
     later(0.5, fake_systemd.set_state, ActiveState="failed", SubState="failed")
     report = llm_gate.run_gate(base_options(refused_url(), unit="inference-server", api_key="sk-live-123"))
     assert "sk-live-123" not in str(report)
@@ -167,8 +212,9 @@ def test_pid_watch_fails_at_once_when_the_process_dies(tmp_path):
     proc = subprocess.Popen(["sleep", "60"])
     try:
         later(1.0, proc.kill)  # our child stays a zombie until waited: the watcher must see it as dead
-        report, took = timed(llm_gate.run_gate, base_options(refused_url(), pid=proc.pid, log_file=str(log),
-                                                             ready_timeout_s=60))
+        report, took = timed(
+            llm_gate.run_gate, base_options(refused_url(), pid=proc.pid, log_file=str(log), ready_timeout_s=60)
+        )
     finally:
         proc.kill()
         proc.wait()

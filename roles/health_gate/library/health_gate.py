@@ -81,7 +81,9 @@ options:
     type: float
     default: 1.0
   health_timeout_s:
-    description: Timeout of one C(/health) or discovery call (SGLang's C(/health) runs a 1-token generation with a 20 s timeout).
+    description:
+      - Timeout of one C(/health) or discovery call.
+      - SGLang's C(/health) runs a 1-token generation with a 20 s timeout.
     type: float
     default: 30
   request_timeout_s:
@@ -115,11 +117,15 @@ options:
     type: float
     default: 0
   max_ttft_s:
-    description: Maximum time to first token, 95th percentile over the measured requests, in seconds. 0 disables the check.
+    description:
+      - Maximum time to first token, 95th percentile over the measured requests, in seconds.
+      - 0 disables the check.
     type: float
     default: 0
   min_accept_length:
-    description: Minimum speculative (MTP) accept length, applied only when the engine reports one. 0 disables the check.
+    description:
+      - Minimum speculative (MTP) accept length, applied only when the engine reports one.
+      - 0 disables the check.
     type: float
     default: 0
   journal_max_lines:
@@ -188,7 +194,9 @@ summary:
   type: str
   sample: "gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), 8 requests"
 report_path:
-  description: Path of the stored report (C(null) without O(report_dir), in check mode, or when it could not be written).
+  description:
+    - Path of the stored report.
+    - C(null) without O(report_dir), in check mode, or when it could not be written.
   returned: always (after the options were accepted)
   type: str
   sample: /var/lib/inference-server/gate/20261129T224000Z.json
@@ -221,7 +229,9 @@ report:
       returned: when the measurement ran
       sample: {accept_length: 2.1, source: "server_info.internal_states[0].avg_spec_accept_length"}
     evidence:
-      description: On a unit failure, its state and the journal of this start (C(log), C(log_lines), C(log_capped), C(exception)).
+      description:
+        - On a unit failure, its state and the journal of this start.
+        - Keys C(log), C(log_lines), C(log_capped), C(exception), C(state), C(reason).
       type: dict
       returned: when the watched unit or process failed
     reasons:
@@ -293,8 +303,7 @@ def main() -> None:
             path = store_report(report, report_dir, params["keep_reports"])
         except OSError as exc:
             module.warn("health_gate: could not store the report in %s: %s" % (report_dir, exc))
-    result = dict(changed=False, passed=report["passed"], summary=report["summary"],
-                  report=report, report_path=path)
+    result = dict(changed=False, passed=report["passed"], summary=report["summary"], report=report, report_path=path)
     if report["passed"]:
         module.exit_json(msg=report["summary"], **result)
     module.fail_json(msg=failure_message(report), **result)

@@ -92,19 +92,38 @@ DEFAULTS: Dict[str, Any] = {
 
 # Used when no prompts are given (ad-hoc module use); the role ships files/prompts.json.
 FALLBACK_PROMPTS: List[Dict[str, Any]] = [
-    {"id": "fallback-log-parser", "messages": [{"role": "user", "content": (
-        "Write a Python function that reads an nginx access log and returns the ten client "
-        "IP addresses with the most 5xx responses. Use type hints and a docstring, then add "
-        "a short pytest test for it.")}]},
-    {"id": "fallback-lru-cache", "messages": [{"role": "user", "content": (
-        "Implement an LRU cache class in Python with get and put in O(1), without using "
-        "functools. Explain the data structures you chose.")}]},
+    {
+        "id": "fallback-log-parser",
+        "messages": [
+            {
+                "role": "user",
+                "content": (
+                    "Write a Python function that reads an nginx access log and returns the ten client "
+                    "IP addresses with the most 5xx responses. Use type hints and a docstring, then add "
+                    "a short pytest test for it."
+                ),
+            }
+        ],
+    },
+    {
+        "id": "fallback-lru-cache",
+        "messages": [
+            {
+                "role": "user",
+                "content": (
+                    "Implement an LRU cache class in Python with get and put in O(1), without using "
+                    "functools. Explain the data structures you chose."
+                ),
+            }
+        ],
+    },
 ]
 
 
 # --------------------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------------------
+
 
 class GateUsageError(ValueError):
     """Bad options: nothing was measured (CLI exit code 2, module fails before measuring)."""
@@ -117,9 +136,17 @@ class RequestError(Exception):
 class WatchFailure(object):
     """What the watcher saw when the supervised server failed, exited or restarted."""
 
-    def __init__(self, kind: str, reason: str, state: Optional[Dict[str, Any]] = None,
-                 log: str = "", log_lines: int = 0, log_capped: bool = False,
-                 log_source: str = "", exception: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        reason: str,
+        state: Optional[Dict[str, Any]] = None,
+        log: str = "",
+        log_lines: int = 0,
+        log_capped: bool = False,
+        log_source: str = "",
+        exception: Optional[str] = None,
+    ) -> None:
         self.kind = kind
         self.reason = reason
         self.state = state or {}
@@ -146,8 +173,9 @@ class WatchFailure(object):
 class GateFailure(Exception):
     """The gate failed in ``phase``; ``reason`` is one sentence, ``watch`` the unit evidence."""
 
-    def __init__(self, phase: str, reason: str, watch: Optional[WatchFailure] = None,
-                 detail: Optional[Dict[str, Any]] = None) -> None:
+    def __init__(
+        self, phase: str, reason: str, watch: Optional[WatchFailure] = None, detail: Optional[Dict[str, Any]] = None
+    ) -> None:
         super().__init__(reason)
         self.phase = phase
         self.reason = reason
@@ -158,6 +186,7 @@ class GateFailure(Exception):
 # --------------------------------------------------------------------------------------
 # Options
 # --------------------------------------------------------------------------------------
+
 
 def make_config(options: Dict[str, Any]) -> Dict[str, Any]:
     """Merge ``options`` over :data:`DEFAULTS` (``None`` values fall back to the default)."""
@@ -214,8 +243,15 @@ def validate_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
         value = _number(cfg, key, errors)
         if value is not None and value <= 0:
             errors.append("%s must be greater than 0, got %s" % (key, value))
-    for key, low in (("requests", 1), ("concurrency", 1), ("warmup_requests", 0), ("max_tokens", 2),
-                     ("keep_reports", 1), ("journal_max_lines", 10), ("journal_max_bytes", 1024)):
+    for key, low in (
+        ("requests", 1),
+        ("concurrency", 1),
+        ("warmup_requests", 0),
+        ("max_tokens", 2),
+        ("keep_reports", 1),
+        ("journal_max_lines", 10),
+        ("journal_max_bytes", 1024),
+    ):
         value = _number(cfg, key, errors, integer=True)
         if value is not None and value < low:
             why = " (decode speed needs at least 2 tokens)" if key == "max_tokens" else ""
@@ -271,20 +307,22 @@ def load_prompts(value: Any) -> List[Dict[str, Any]]:
             prompts.append({"id": "prompt-%d" % index, "messages": [{"role": "user", "content": item}]})
             continue
         if isinstance(item, dict) and isinstance(item.get("messages"), list) and item["messages"]:
-            ok = all(isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str)
-                     for m in item["messages"])
+            ok = all(
+                isinstance(m, dict) and m.get("role") and isinstance(m.get("content"), str) for m in item["messages"]
+            )
             if ok:
-                prompts.append({"id": str(item.get("id") or "prompt-%d" % index),
-                                "messages": item["messages"]})
+                prompts.append({"id": str(item.get("id") or "prompt-%d" % index), "messages": item["messages"]})
                 continue
-        raise GateUsageError("%s: prompt %d must be a string or a mapping with a messages list "
-                             "of {role, content}" % (source, index))
+        raise GateUsageError(
+            "%s: prompt %d must be a string or a mapping with a messages list " "of {role, content}" % (source, index)
+        )
     return prompts
 
 
 # --------------------------------------------------------------------------------------
 # Statistics
 # --------------------------------------------------------------------------------------
+
 
 def percentile(values: Sequence[float], pct: float) -> Optional[float]:
     """Percentile with linear interpolation between closest ranks (numpy's default).
@@ -365,8 +403,9 @@ def aggregate(results: Sequence["RequestResult"], wall_s: float) -> Dict[str, An
 # Redaction
 # --------------------------------------------------------------------------------------
 
-_KEY_PATTERN = re.compile(r"""(api[_-]?key['"]?\s*[=:]\s*|--api-key[=\s]+|Bearer\s+)(['"]?)([^'"\s,)]+)""",
-                          re.IGNORECASE)
+_KEY_PATTERN = re.compile(
+    r"""(api[_-]?key['"]?\s*[=:]\s*|--api-key[=\s]+|Bearer\s+)(['"]?)([^'"\s,)]+)""", re.IGNORECASE
+)
 
 
 def redact_text(text: str, secrets: Sequence[str]) -> str:
@@ -378,7 +417,9 @@ def redact_text(text: str, secrets: Sequence[str]) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
-    return _KEY_PATTERN.sub(lambda m: m.group(1) + m.group(2) + ("***" if m.group(3) not in ("None", "null", "") else m.group(3)), text)
+    return _KEY_PATTERN.sub(
+        lambda m: m.group(1) + m.group(2) + ("***" if m.group(3) not in ("None", "null", "") else m.group(3)), text
+    )
 
 
 def redact(obj: Any, secrets: Sequence[str]) -> Any:
@@ -395,6 +436,7 @@ def redact(obj: Any, secrets: Sequence[str]) -> Any:
 # --------------------------------------------------------------------------------------
 # HTTP
 # --------------------------------------------------------------------------------------
+
 
 def quote_body(body: bytes, limit: int = BODY_QUOTE_CHARS) -> str:
     """A response body as text for an error message, cut at ``limit`` characters."""
@@ -431,8 +473,7 @@ class Endpoint(object):
         headers.update(extra or {})
         return headers
 
-    def request(self, method: str, path: str, payload: Any = None,
-                timeout: float = 10.0) -> Tuple[int, bytes]:
+    def request(self, method: str, path: str, payload: Any = None, timeout: float = 10.0) -> Tuple[int, bytes]:
         """One plain request; returns (status, body). Network errors propagate."""
         conn = self.connect(timeout)
         try:
@@ -460,9 +501,20 @@ class Endpoint(object):
 # Watchers: the unit (systemd) or a PID
 # --------------------------------------------------------------------------------------
 
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "InvocationID",
-                   "MainPID", "ExecMainPID", "ExecMainCode", "ExecMainStatus",
-                   "ActiveEnterTimestamp", "ExecMainStartTimestamp")
+UNIT_PROPERTIES = (
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "Result",
+    "NRestarts",
+    "InvocationID",
+    "MainPID",
+    "ExecMainPID",
+    "ExecMainCode",
+    "ExecMainStatus",
+    "ActiveEnterTimestamp",
+    "ExecMainStartTimestamp",
+)
 EXCEPTION_RE = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b.*")
 CLD_CODES = {"1": "exited", "2": "killed", "3": "dumped core"}
 
@@ -518,8 +570,14 @@ class UnitWatcher(object):
 
     kind = "unit"
 
-    def __init__(self, unit: str, max_lines: int, max_bytes: int, allow_prior_restarts: bool = False,
-                 runner: Optional[Callable[..., subprocess.CompletedProcess]] = None) -> None:
+    def __init__(
+        self,
+        unit: str,
+        max_lines: int,
+        max_bytes: int,
+        allow_prior_restarts: bool = False,
+        runner: Optional[Callable[..., subprocess.CompletedProcess]] = None,
+    ) -> None:
         self.unit = unit if "." in unit else unit + ".service"
         self.max_lines = max_lines
         self.max_bytes = max_bytes
@@ -530,19 +588,20 @@ class UnitWatcher(object):
 
     def _run(self, argv: List[str], timeout: float = 15.0) -> subprocess.CompletedProcess:
         env = dict(os.environ, SYSTEMD_PAGER="", SYSTEMD_COLORS="0", LC_ALL="C")
-        return self.runner(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                           env=env, check=False)
+        return self.runner(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, env=env, check=False)
 
     def show(self) -> Dict[str, str]:
         """``systemctl show`` of the unit as a dict."""
         try:
-            proc = self._run(["systemctl", "show", self.unit, "--no-pager",
-                              "--property=" + ",".join(UNIT_PROPERTIES)])
+            proc = self._run(["systemctl", "show", self.unit, "--no-pager", "--property=" + ",".join(UNIT_PROPERTIES)])
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise GateFailure("watch", "cannot run systemctl to watch %s: %s" % (self.unit, exc))
         if proc.returncode != 0:
-            raise GateFailure("watch", "systemctl show %s failed (exit %d): %s" % (
-                self.unit, proc.returncode, proc.stderr.decode("utf-8", "replace").strip()))
+            raise GateFailure(
+                "watch",
+                "systemctl show %s failed (exit %d): %s"
+                % (self.unit, proc.returncode, proc.stderr.decode("utf-8", "replace").strip()),
+            )
         props: Dict[str, str] = {}
         for line in proc.stdout.decode("utf-8", "replace").splitlines():
             if "=" in line:
@@ -586,12 +645,18 @@ class UnitWatcher(object):
         restarts = _int(props.get("NRestarts"))
         if initial:
             if restarts > 0 and not self.allow_prior_restarts:
-                return ("unit %s was restarted %d time(s) by systemd since it was last started "
-                        "on purpose (NRestarts=%d): it crashed at least once" % (self.unit, restarts, restarts))
+                return (
+                    "unit %s was restarted %d time(s) by systemd since it was last started "
+                    "on purpose (NRestarts=%d): it crashed at least once" % (self.unit, restarts, restarts)
+                )
             return None
         if restarts > _int(self.first.get("NRestarts")):
             return "unit %s restarted during the gate (NRestarts %s -> %d; %s)" % (
-                self.unit, self.first.get("NRestarts"), restarts, where)
+                self.unit,
+                self.first.get("NRestarts"),
+                restarts,
+                where,
+            )
         old, new = self.first.get("InvocationID"), props.get("InvocationID")
         if old and new and old != new:
             return "unit %s was restarted during the gate (new invocation %s; %s)" % (self.unit, new, where)
@@ -622,8 +687,17 @@ class UnitWatcher(object):
         process's last lines), at most about 2 s.
         """
         if invocation:
-            argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(self.max_lines + 1),
-                    "_SYSTEMD_INVOCATION_ID=" + invocation, "+", "INVOCATION_ID=" + invocation]
+            argv = [
+                "journalctl",
+                "--no-pager",
+                "-o",
+                "cat",
+                "-n",
+                str(self.max_lines + 1),
+                "_SYSTEMD_INVOCATION_ID=" + invocation,
+                "+",
+                "INVOCATION_ID=" + invocation,
+            ]
             source = "journalctl _SYSTEMD_INVOCATION_ID=%s" % invocation
         else:
             argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(self.max_lines + 1), "-u", self.unit]
@@ -651,8 +725,16 @@ class UnitWatcher(object):
         log, lines, capped = cap_lines(text, self.max_lines, self.max_bytes)
         state = {"name": self.unit}
         state.update(props)
-        return WatchFailure("unit", reason, state=state, log=log, log_lines=lines, log_capped=capped,
-                            log_source=source, exception=last_exception_line(log))
+        return WatchFailure(
+            "unit",
+            reason,
+            state=state,
+            log=log,
+            log_lines=lines,
+            log_capped=capped,
+            log_source=source,
+            exception=last_exception_line(log),
+        )
 
 
 class PidWatcher(object):
@@ -714,9 +796,16 @@ class PidWatcher(object):
                 previous = text
                 time.sleep(0.1)
         log, lines, capped = cap_lines(text, self.max_lines, self.max_bytes)
-        return WatchFailure("pid", reason, state={"pid": self.pid, "state": state}, log=log,
-                            log_lines=lines, log_capped=capped, log_source=source,
-                            exception=last_exception_line(log))
+        return WatchFailure(
+            "pid",
+            reason,
+            state={"pid": self.pid, "state": state},
+            log=log,
+            log_lines=lines,
+            log_capped=capped,
+            log_source=source,
+            exception=last_exception_line(log),
+        )
 
 
 def _int(value: Any) -> int:
@@ -811,8 +900,7 @@ class Monitor(object):
 def make_watcher(cfg: Dict[str, Any]) -> Any:
     """The watcher the options ask for."""
     if cfg.get("unit"):
-        return UnitWatcher(cfg["unit"], cfg["journal_max_lines"], cfg["journal_max_bytes"],
-                           cfg["allow_prior_restarts"])
+        return UnitWatcher(cfg["unit"], cfg["journal_max_lines"], cfg["journal_max_bytes"], cfg["allow_prior_restarts"])
     if cfg.get("pid"):
         return PidWatcher(cfg["pid"], cfg.get("log_file"), cfg["journal_max_lines"], cfg["journal_max_bytes"])
     return NullWatcher()
@@ -832,10 +920,17 @@ STATE_TEXT = {
 
 
 PHASE_TEXT = {
-    "watch": "starting to watch", "wait": "waiting for the server", "loading": "the server was loading",
-    "warming": "the server was warming up", "unresponsive": "/health did not answer",
-    "http_error": "/health answered errors", "ready": "the server was ready", "discover": "discovering the server",
-    "warmup": "sending warm-up requests", "measure": "measuring", "speculative": "reading the accept length",
+    "watch": "starting to watch",
+    "wait": "waiting for the server",
+    "loading": "the server was loading",
+    "warming": "the server was warming up",
+    "unresponsive": "/health did not answer",
+    "http_error": "/health answered errors",
+    "ready": "the server was ready",
+    "discover": "discovering the server",
+    "warmup": "sending warm-up requests",
+    "measure": "measuring",
+    "speculative": "reading the accept length",
 }
 
 
@@ -858,8 +953,13 @@ def probe_health(endpoint: Endpoint, timeout: float) -> Tuple[str, str]:
     return "http_error", "HTTP %d: %s" % (status, quote_body(body, 300))
 
 
-def wait_ready(endpoint: Endpoint, cfg: Dict[str, Any], monitor: Monitor,
-               progress: Callable[[str], None], record: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def wait_ready(
+    endpoint: Endpoint,
+    cfg: Dict[str, Any],
+    monitor: Monitor,
+    progress: Callable[[str], None],
+    record: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """Poll ``/health`` until 200 or the deadline; return the readiness record.
 
     ``record`` (filled as the wait goes on, so it is complete even when the wait fails)
@@ -890,9 +990,12 @@ def wait_ready(endpoint: Endpoint, cfg: Dict[str, Any], monitor: Monitor,
             record["ready_after_s"] = _r(now - start, 3)
             return record
         if now >= deadline:
-            raise GateFailure(state, "server at %s not ready after %.0f s (ready_timeout_s %.0f): %s for %.0f s; "
-                              "last answer: %s" % (endpoint.display, now - start, cfg["ready_timeout_s"],
-                                                   STATE_TEXT[state], now - since, detail))
+            raise GateFailure(
+                state,
+                "server at %s not ready after %.0f s (ready_timeout_s %.0f): %s for %.0f s; "
+                "last answer: %s"
+                % (endpoint.display, now - start, cfg["ready_timeout_s"], STATE_TEXT[state], now - since, detail),
+            )
         monitor.wait(min(cfg["poll_interval_s"], max(deadline - now, 0.05)))
 
 
@@ -900,11 +1003,24 @@ def wait_ready(endpoint: Endpoint, cfg: Dict[str, Any], monitor: Monitor,
 # Discovery
 # --------------------------------------------------------------------------------------
 
-SERVER_INFO_KEYS = ("version", "model_path", "served_model_name", "tp_size", "dp_size", "dtype",
-                    "context_length", "max_running_requests", "speculative_algorithm",
-                    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                    "mamba_scheduler_strategy", "attention_backend", "disable_radix_cache",
-                    "enable_metrics")
+SERVER_INFO_KEYS = (
+    "version",
+    "model_path",
+    "served_model_name",
+    "tp_size",
+    "dp_size",
+    "dtype",
+    "context_length",
+    "max_running_requests",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "mamba_scheduler_strategy",
+    "attention_backend",
+    "disable_radix_cache",
+    "enable_metrics",
+)
 
 
 def get_server_info(endpoint: Endpoint, timeout: float) -> Optional[Dict[str, Any]]:
@@ -963,6 +1079,7 @@ def resolve_model(listed: List[str], explicit: Optional[str]) -> Tuple[Optional[
 # One streaming request
 # --------------------------------------------------------------------------------------
 
+
 class RequestResult(object):
     """Timings and token counts of one streamed chat completion."""
 
@@ -1006,9 +1123,16 @@ def _has_token(delta: Dict[str, Any]) -> bool:
     return bool(delta.get("tool_calls"))
 
 
-def stream_chat(endpoint: Endpoint, model: str, prompt: Dict[str, Any], max_tokens: int,
-                timeout_s: float, index: int = 0, t_zero: Optional[float] = None,
-                register: Optional[Callable[[http.client.HTTPConnection], None]] = None) -> RequestResult:
+def stream_chat(
+    endpoint: Endpoint,
+    model: str,
+    prompt: Dict[str, Any],
+    max_tokens: int,
+    timeout_s: float,
+    index: int = 0,
+    t_zero: Optional[float] = None,
+    register: Optional[Callable[[http.client.HTTPConnection], None]] = None,
+) -> RequestResult:
     """Send one streaming chat completion and time it; raise :class:`RequestError`.
 
     ``timeout_s`` bounds both silence on the socket (a stalled stream) and the whole
@@ -1016,8 +1140,14 @@ def stream_chat(endpoint: Endpoint, model: str, prompt: Dict[str, Any], max_toke
     without ``usage`` cannot be measured (the gate never counts chunks as tokens).
     """
     result = RequestResult(index, prompt["id"])
-    payload = {"model": model, "messages": prompt["messages"], "stream": True, "temperature": 0,
-               "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
+    payload = {
+        "model": model,
+        "messages": prompt["messages"],
+        "stream": True,
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream_options": {"include_usage": True},
+    }
     conn = endpoint.connect(timeout_s)
     if register:
         register(conn)
@@ -1028,21 +1158,28 @@ def stream_chat(endpoint: Endpoint, model: str, prompt: Dict[str, Any], max_toke
     t0 = time.monotonic()
     result.started_s = t0 - (t_zero if t_zero is not None else t0)
     try:
-        conn.request("POST", endpoint.prefix + CHAT_PATH, body=json.dumps(payload).encode("utf-8"),
-                     headers=endpoint.headers({"Content-Type": "application/json",
-                                               "Accept": "text/event-stream"}))
+        conn.request(
+            "POST",
+            endpoint.prefix + CHAT_PATH,
+            body=json.dumps(payload).encode("utf-8"),
+            headers=endpoint.headers({"Content-Type": "application/json", "Accept": "text/event-stream"}),
+        )
         response = conn.getresponse()
         if response.status != 200:
-            raise RequestError("%s: HTTP %d %s from POST %s: %s" % (
-                what, response.status, response.reason, CHAT_PATH, quote_body(response.read())))
+            raise RequestError(
+                "%s: HTTP %d %s from POST %s: %s"
+                % (what, response.status, response.reason, CHAT_PATH, quote_body(response.read()))
+            )
         while True:
             raw = response.readline()
             now = time.monotonic()
             if not raw:
                 break
             if now - t0 > timeout_s:
-                raise RequestError("%s took longer than request_timeout_s (%.0f s) after %d content chunks"
-                                   % (what, timeout_s, len(token_times)))
+                raise RequestError(
+                    "%s took longer than request_timeout_s (%.0f s) after %d content chunks"
+                    % (what, timeout_s, len(token_times))
+                )
             line = raw.strip()
             if not line.startswith(b"data:"):
                 continue  # blank separators, ": keep-alive" comments, "event:" lines
@@ -1057,8 +1194,10 @@ def stream_chat(endpoint: Endpoint, model: str, prompt: Dict[str, Any], max_toke
             if not isinstance(chunk, dict):
                 continue
             if chunk.get("error"):
-                raise RequestError("%s: the server reported an error in the stream: %s"
-                                   % (what, json.dumps(chunk["error"])[:BODY_QUOTE_CHARS]))
+                raise RequestError(
+                    "%s: the server reported an error in the stream: %s"
+                    % (what, json.dumps(chunk["error"])[:BODY_QUOTE_CHARS])
+                )
             if isinstance(chunk.get("usage"), dict):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or []:
@@ -1070,27 +1209,36 @@ def stream_chat(endpoint: Endpoint, model: str, prompt: Dict[str, Any], max_toke
                     result.finish_reason = str(choice["finish_reason"])
         t_end = time.monotonic()
     except (socket.timeout, TimeoutError):
-        raise RequestError("%s stalled: no data for %.0f s (request_timeout_s) after %d content chunks"
-                           % (what, timeout_s, len(token_times)))
+        raise RequestError(
+            "%s stalled: no data for %.0f s (request_timeout_s) after %d content chunks"
+            % (what, timeout_s, len(token_times))
+        )
     except ConnectionRefusedError as exc:
         raise RequestError("%s: connection refused (%s)" % (what, exc))
     except (http.client.IncompleteRead, http.client.RemoteDisconnected, ConnectionError) as exc:
-        raise RequestError("%s: stream dropped after %d content chunks (%s: %s)"
-                           % (what, len(token_times), type(exc).__name__, exc))
+        raise RequestError(
+            "%s: stream dropped after %d content chunks (%s: %s)" % (what, len(token_times), type(exc).__name__, exc)
+        )
     except (http.client.HTTPException, OSError) as exc:
         raise RequestError("%s failed: %s: %s" % (what, type(exc).__name__, exc))
     finally:
         conn.close()
     if not done and result.finish_reason is None:
-        raise RequestError("%s: stream dropped: it ended after %d content chunks without a "
-                           "finish_reason or [DONE]" % (what, len(token_times)))
+        raise RequestError(
+            "%s: stream dropped: it ended after %d content chunks without a "
+            "finish_reason or [DONE]" % (what, len(token_times))
+        )
     if usage is None or not isinstance(usage.get("completion_tokens"), int):
-        raise RequestError("%s: the server sent no usage.completion_tokens in the stream; the gate counts "
-                           "tokens from the server's usage, never from chunks (SGLang and vLLM send it "
-                           "with stream_options.include_usage)" % what)
+        raise RequestError(
+            "%s: the server sent no usage.completion_tokens in the stream; the gate counts "
+            "tokens from the server's usage, never from chunks (SGLang and vLLM send it "
+            "with stream_options.include_usage)" % what
+        )
     if not token_times:
-        raise RequestError("%s: the stream carried no content (usage says %s completion tokens)"
-                           % (what, usage.get("completion_tokens")))
+        raise RequestError(
+            "%s: the stream carried no content (usage says %s completion tokens)"
+            % (what, usage.get("completion_tokens"))
+        )
     result.completion_tokens = int(usage["completion_tokens"])
     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
     result.content_chunks = len(token_times)
@@ -1102,9 +1250,17 @@ def stream_chat(endpoint: Endpoint, model: str, prompt: Dict[str, Any], max_toke
     return result
 
 
-def run_requests(endpoint: Endpoint, model: str, prompts: List[Dict[str, Any]], count: int,
-                 concurrency: int, max_tokens: int, timeout_s: float, monitor: Monitor,
-                 first_index: int = 0) -> Tuple[List[RequestResult], float]:
+def run_requests(
+    endpoint: Endpoint,
+    model: str,
+    prompts: List[Dict[str, Any]],
+    count: int,
+    concurrency: int,
+    max_tokens: int,
+    timeout_s: float,
+    monitor: Monitor,
+    first_index: int = 0,
+) -> Tuple[List[RequestResult], float]:
     """Run ``count`` requests, ``concurrency`` at a time; (results in order, wall seconds).
 
     The first failed request stops the run; the watcher is asked first, so a server that
@@ -1139,8 +1295,10 @@ def run_requests(endpoint: Endpoint, model: str, prompts: List[Dict[str, Any]], 
             with lock:
                 results[i] = res
 
-    threads = [threading.Thread(target=worker, name="health-gate-req-%d" % n, daemon=True)
-               for n in range(max(1, min(concurrency, count)))]
+    threads = [
+        threading.Thread(target=worker, name="health-gate-req-%d" % n, daemon=True)
+        for n in range(max(1, min(concurrency, count)))
+    ]
     for thread in threads:
         thread.start()
     try:
@@ -1164,8 +1322,9 @@ def run_requests(endpoint: Endpoint, model: str, prompts: List[Dict[str, Any]], 
     return [results[i] for i in sorted(results)], wall
 
 
-def generate_accept_length(endpoint: Endpoint, prompt: Dict[str, Any], max_tokens: int,
-                           timeout_s: float) -> Tuple[Optional[float], str]:
+def generate_accept_length(
+    endpoint: Endpoint, prompt: Dict[str, Any], max_tokens: int, timeout_s: float
+) -> Tuple[Optional[float], str]:
     """``meta_info.spec_accept_length`` of one ``/generate`` call (SGLang's native API)."""
     text = "\n\n".join(m["content"] for m in prompt["messages"])
     payload = {"text": text, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
@@ -1192,6 +1351,7 @@ def generate_accept_length(endpoint: Endpoint, prompt: Dict[str, Any], max_token
 # Verdict, summary, report
 # --------------------------------------------------------------------------------------
 
+
 def _fmt(value: Optional[float], digits: int = 1) -> str:
     return "n/a" if value is None else ("%.*f" % (digits, value))
 
@@ -1200,15 +1360,25 @@ def _limit(value: float, digits: int = 1) -> str:
     return "off" if not value else ("%g" % round(value, digits + 1))
 
 
-def evaluate(agg: Dict[str, Any], accept: Dict[str, Any], cfg: Dict[str, Any]) -> Tuple[List[Dict[str, Any]], List[str]]:
+def evaluate(
+    agg: Dict[str, Any], accept: Dict[str, Any], cfg: Dict[str, Any]
+) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Compare the aggregate with the thresholds; (checks, failure reasons)."""
     checks: List[Dict[str, Any]] = []
     reasons: List[str] = []
     tps = agg.get("decode_tps_mean")
     if cfg["min_decode_tps"] > 0:
         ok = tps is not None and tps >= cfg["min_decode_tps"]
-        checks.append({"name": "decode_tps", "statistic": "mean", "value": tps, "op": ">=",
-                       "limit": cfg["min_decode_tps"], "ok": ok})
+        checks.append(
+            {
+                "name": "decode_tps",
+                "statistic": "mean",
+                "value": tps,
+                "op": ">=",
+                "limit": cfg["min_decode_tps"],
+                "ok": ok,
+            }
+        )
         if tps is None:
             reasons.append("no request produced two or more tokens in separate chunks: decode speed unknown")
         elif not ok:
@@ -1216,21 +1386,47 @@ def evaluate(agg: Dict[str, Any], accept: Dict[str, Any], cfg: Dict[str, Any]) -
     ttft = agg.get("ttft_p95_s")
     if cfg["max_ttft_s"] > 0:
         ok = ttft is not None and ttft <= cfg["max_ttft_s"]
-        checks.append({"name": "ttft", "statistic": TTFT_STATISTIC, "value": ttft, "op": "<=",
-                       "limit": cfg["max_ttft_s"], "ok": ok})
+        checks.append(
+            {
+                "name": "ttft",
+                "statistic": TTFT_STATISTIC,
+                "value": ttft,
+                "op": "<=",
+                "limit": cfg["max_ttft_s"],
+                "ok": ok,
+            }
+        )
         if not ok:
             reasons.append("TTFT %s %s s is above max_ttft_s %g" % (TTFT_STATISTIC, _fmt(ttft, 2), cfg["max_ttft_s"]))
     value = accept.get("value")
     if cfg["min_accept_length"] > 0:
         if value is None:
-            checks.append({"name": "accept_length", "value": None, "op": ">=", "limit": cfg["min_accept_length"],
-                           "ok": None, "note": "not applied: " + (accept.get("note") or "the engine reports none")})
+            checks.append(
+                {
+                    "name": "accept_length",
+                    "value": None,
+                    "op": ">=",
+                    "limit": cfg["min_accept_length"],
+                    "ok": None,
+                    "note": "not applied: " + (accept.get("note") or "the engine reports none"),
+                }
+            )
         else:
             ok = value >= cfg["min_accept_length"]
-            checks.append({"name": "accept_length", "value": value, "op": ">=",
-                           "limit": cfg["min_accept_length"], "ok": ok, "source": accept.get("source")})
+            checks.append(
+                {
+                    "name": "accept_length",
+                    "value": value,
+                    "op": ">=",
+                    "limit": cfg["min_accept_length"],
+                    "ok": ok,
+                    "source": accept.get("source"),
+                }
+            )
             if not ok:
-                reasons.append("MTP accept length %.2f is below min_accept_length %g" % (value, cfg["min_accept_length"]))
+                reasons.append(
+                    "MTP accept length %.2f is below min_accept_length %g" % (value, cfg["min_accept_length"])
+                )
     return checks, reasons
 
 
@@ -1243,8 +1439,10 @@ def summary_line(report: Dict[str, Any]) -> str:
     th = report.get("thresholds") or {}
     if not agg:
         return "gate %s (%s): %s" % (verdict, report.get("phase"), "; ".join(report.get("reasons") or []))
-    parts = ["%s tok/s decode (min %s)" % (_fmt(agg.get("decode_tps_mean")), _limit(th.get("min_decode_tps", 0))),
-             "TTFT %s %s s (max %s)" % (TTFT_STATISTIC, _fmt(agg.get("ttft_p95_s"), 2), _limit(th.get("max_ttft_s", 0)))]
+    parts = [
+        "%s tok/s decode (min %s)" % (_fmt(agg.get("decode_tps_mean")), _limit(th.get("min_decode_tps", 0))),
+        "TTFT %s %s s (max %s)" % (TTFT_STATISTIC, _fmt(agg.get("ttft_p95_s"), 2), _limit(th.get("max_ttft_s", 0))),
+    ]
     accept = (report.get("speculative") or {}).get("accept_length")
     if accept is not None or th.get("min_accept_length"):
         parts.append("accept %s (min %s)" % (_fmt(accept, 2), _limit(th.get("min_accept_length", 0))))
@@ -1275,10 +1473,15 @@ def utc_now() -> datetime.datetime:
 
 def _public_settings(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {
-        "warmup_requests": cfg["warmup_requests"], "requests": cfg["requests"],
-        "concurrency": cfg["concurrency"], "max_tokens": cfg["max_tokens"], "temperature": 0,
-        "request_timeout_s": cfg["request_timeout_s"], "ready_timeout_s": cfg["ready_timeout_s"],
-        "poll_interval_s": cfg["poll_interval_s"], "prompts": [p["id"] for p in cfg["prompts"]],
+        "warmup_requests": cfg["warmup_requests"],
+        "requests": cfg["requests"],
+        "concurrency": cfg["concurrency"],
+        "max_tokens": cfg["max_tokens"],
+        "temperature": 0,
+        "request_timeout_s": cfg["request_timeout_s"],
+        "ready_timeout_s": cfg["ready_timeout_s"],
+        "poll_interval_s": cfg["poll_interval_s"],
+        "prompts": [p["id"] for p in cfg["prompts"]],
         "api_key_set": bool(cfg.get("api_key")),
     }
 
@@ -1308,15 +1511,31 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
         "engine": cfg["engine"] if cfg["engine"] != "auto" else None,
         "version": None,
         "model": None,
-        "watch": {"unit": watcher.unit} if isinstance(watcher, UnitWatcher) else (
-            {"pid": watcher.pid} if isinstance(watcher, PidWatcher) else None),
+        "watch": (
+            {"unit": watcher.unit}
+            if isinstance(watcher, UnitWatcher)
+            else ({"pid": watcher.pid} if isinstance(watcher, PidWatcher) else None)
+        ),
         "settings": _public_settings(cfg),
-        "thresholds": {"min_decode_tps": cfg["min_decode_tps"], "max_ttft_s": cfg["max_ttft_s"],
-                       "ttft_statistic": TTFT_STATISTIC, "min_accept_length": cfg["min_accept_length"],
-                       "decode_statistic": "mean"},
-        "readiness": None, "server": None, "warmup": None, "requests": [], "aggregate": None,
-        "speculative": None, "checks": [], "notes": [],
-        "passed": False, "phase": "wait", "reasons": [], "evidence": None,
+        "thresholds": {
+            "min_decode_tps": cfg["min_decode_tps"],
+            "max_ttft_s": cfg["max_ttft_s"],
+            "ttft_statistic": TTFT_STATISTIC,
+            "min_accept_length": cfg["min_accept_length"],
+            "decode_statistic": "mean",
+        },
+        "readiness": None,
+        "server": None,
+        "warmup": None,
+        "requests": [],
+        "aggregate": None,
+        "speculative": None,
+        "checks": [],
+        "notes": [],
+        "passed": False,
+        "phase": "wait",
+        "reasons": [],
+        "evidence": None,
         "metadata": cfg["metadata"],
     }
     try:
@@ -1345,33 +1564,56 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
         if note:
             report["notes"].append(note)
         if not model:
-            raise GateFailure("discover", "the server lists no model at /v1/models; set the model option "
-                              "(transformers serve needs the model directory it was started with)")
+            raise GateFailure(
+                "discover",
+                "the server lists no model at /v1/models; set the model option "
+                "(transformers serve needs the model directory it was started with)",
+            )
         report["model"] = model
         say("engine %s%s, model %s" % (engine, (" " + str(report["version"])) if report["version"] else "", model))
 
         if cfg["warmup_requests"]:
             report["phase"] = monitor.phase = "warmup"
-            warm, warm_wall = run_requests(endpoint, model, cfg["prompts"], cfg["warmup_requests"],
-                                           min(cfg["concurrency"], cfg["warmup_requests"]), cfg["max_tokens"],
-                                           cfg["request_timeout_s"], monitor, first_index=0)
-            report["warmup"] = {"requests": len(warm), "wall_s": _r(warm_wall, 3),
-                                "ttft_s": [_r(r.ttft_s) for r in warm]}
+            warm, warm_wall = run_requests(
+                endpoint,
+                model,
+                cfg["prompts"],
+                cfg["warmup_requests"],
+                min(cfg["concurrency"], cfg["warmup_requests"]),
+                cfg["max_tokens"],
+                cfg["request_timeout_s"],
+                monitor,
+                first_index=0,
+            )
+            report["warmup"] = {
+                "requests": len(warm),
+                "wall_s": _r(warm_wall, 3),
+                "ttft_s": [_r(r.ttft_s) for r in warm],
+            }
             say("warm-up: %d requests in %.1f s" % (len(warm), warm_wall))
 
         report["phase"] = monitor.phase = "measure"
-        say("measuring: %d requests, concurrency %d, max_tokens %d"
-            % (cfg["requests"], cfg["concurrency"], cfg["max_tokens"]))
-        results, wall = run_requests(endpoint, model, cfg["prompts"], cfg["requests"], cfg["concurrency"],
-                                     cfg["max_tokens"], cfg["request_timeout_s"], monitor,
-                                     first_index=cfg["warmup_requests"])
+        say(
+            "measuring: %d requests, concurrency %d, max_tokens %d"
+            % (cfg["requests"], cfg["concurrency"], cfg["max_tokens"])
+        )
+        results, wall = run_requests(
+            endpoint,
+            model,
+            cfg["prompts"],
+            cfg["requests"],
+            cfg["concurrency"],
+            cfg["max_tokens"],
+            cfg["request_timeout_s"],
+            monitor,
+            first_index=cfg["warmup_requests"],
+        )
         report["requests"] = [r.as_dict() for r in results]
         agg = aggregate(results, wall)
         report["aggregate"] = agg
         short = [r.index for r in results if r.decode_tps is None]
         if short:
-            report["notes"].append("requests %s produced fewer than 2 tokens (or one chunk): no decode speed"
-                                   % short)
+            report["notes"].append("requests %s produced fewer than 2 tokens (or one chunk): no decode speed" % short)
 
         report["phase"] = monitor.phase = "speculative"
         accept: Dict[str, Any] = {"value": None, "source": None, "note": None}
@@ -1387,8 +1629,9 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
                 if value is not None:
                     accept.update(value=_r(value, 3), source="server_info.internal_states[0].avg_spec_accept_length")
                 else:
-                    gen, note = monitor.call(generate_accept_length, endpoint, cfg["prompts"][0],
-                                             cfg["max_tokens"], cfg["request_timeout_s"])
+                    gen, note = monitor.call(
+                        generate_accept_length, endpoint, cfg["prompts"][0], cfg["max_tokens"], cfg["request_timeout_s"]
+                    )
                     accept["generate"] = gen
                     if gen is not None:
                         accept.update(value=_r(gen, 3), source="/generate meta_info.spec_accept_length")
@@ -1400,8 +1643,11 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
                     accept["last_gen_throughput"] = state0.get("last_gen_throughput")
         else:
             accept["note"] = "engine %s reports no accept length" % engine
-        report["speculative"] = {"accept_length": accept["value"], "source": accept["source"],
-                                 "detail": {k: v for k, v in accept.items() if k not in ("value", "source")}}
+        report["speculative"] = {
+            "accept_length": accept["value"],
+            "source": accept["source"],
+            "detail": {k: v for k, v in accept.items() if k not in ("value", "source")},
+        }
 
         monitor.poll_now()
         monitor.check()
@@ -1414,8 +1660,10 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
         report["phase"] = exc.phase
         reason = exc.reason
         if exc.watch is not None:
-            reason += ", %.1f s into the gate while %s" % (time.monotonic() - t_start,
-                                                            PHASE_TEXT.get(exc.phase, exc.phase))
+            reason += ", %.1f s into the gate while %s" % (
+                time.monotonic() - t_start,
+                PHASE_TEXT.get(exc.phase, exc.phase),
+            )
             if exc.watch.exception:
                 reason += ": " + exc.watch.exception
             report["evidence"] = exc.watch.as_dict()
@@ -1437,6 +1685,7 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
 # --------------------------------------------------------------------------------------
 # Report storage
 # --------------------------------------------------------------------------------------
+
 
 def _atomic_write(path: str, text: str) -> None:
     directory = os.path.dirname(path)

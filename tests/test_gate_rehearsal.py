@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,6 +94,7 @@ def rehearsal_server():
         yield {"url": url, "proc": proc, "log": tmp / "server.log", "model": str(MODEL)}
     finally:
         stop_server(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -1,0 +1,313 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: the llm-deploy authors. GNU General Public License v3.0+.
+"""Ansible module ``health_gate``: readiness, throughput and MTP gate for an LLM server."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: health_gate
+short_description: Wait for an LLM inference server, measure it, and gate the deploy on the figures
+description:
+  - Runs on the target host with the system python3 (standard library only). The same logic
+    is available by hand as C(tools/health-gate) (C(--json), exit 0 pass, 1 fail, 2 usage error).
+  - "B(Readiness): polls C(GET /health) until it answers 200 or O(ready_timeout_s) passes.
+    Connection refused counts as I(still loading) (SGLang opens its port only after the
+    weights are loaded), HTTP 503 as I(warming up)."
+  - "B(Watching): with O(unit), a background thread runs C(systemctl show) about twice per
+    O(poll_interval_s). If the unit fails, exits, waits in C(auto-restart), or restarts
+    (C(NRestarts) grows or C(InvocationID) changes), the module fails at once with the
+    unit's state and the journal of this start of the unit
+    (C(journalctl _SYSTEMD_INVOCATION_ID=<id> + INVOCATION_ID=<id> -o cat)), capped at
+    O(journal_max_lines) lines and saying so when capped."
+  - "B(Measurement): O(warmup_requests) warm-up requests, then O(requests) streaming
+    C(/v1/chat/completions) requests (temperature 0, fixed O(max_tokens),
+    C(stream_options.include_usage)) with O(concurrency) in flight. Per request: TTFT,
+    inter-token latency (between content chunks), decode tokens/s =
+    (completion_tokens - 1) / (t_last_token - t_first_token), end-to-end latency. Token
+    counts come from the server's C(usage); a stream without usage fails the gate."
+  - "B(SGLang): the engine is detected through C(/server_info) (or C(/get_server_info));
+    the report then carries the server version, the speculative settings and the MTP
+    accept length (C(internal_states[0].avg_spec_accept_length), else a C(/generate) call's
+    C(meta_info.spec_accept_length))."
+  - "B(Verdict): mean decode tok/s >= O(min_decode_tps), TTFT p95 <= O(max_ttft_s),
+    accept length >= O(min_accept_length) (only when the engine reports one). A threshold
+    of 0 disables its check."
+  - "B(Report): a JSON report (also for a failed gate) is written to O(report_dir) as
+    C(<UTC timestamp>.json) plus C(latest.json); the history is pruned to O(keep_reports).
+    The module always returns C(changed=false): reports are logs, not configuration."
+version_added: "1.0.0"
+author:
+  - llm-deploy authors
+options:
+  url:
+    description: Base URL of the server as seen from the target host.
+    type: str
+    default: http://127.0.0.1:30000
+  unit:
+    description:
+      - systemd unit to watch (C(.service) is appended when no suffix is given).
+      - Empty or omitted means the server is not watched; a dead server is then only
+        noticed when O(ready_timeout_s) passes.
+    type: str
+  allow_prior_restarts:
+    description:
+      - C(NRestarts) is reset by a deliberate (re)start, so a value above 0 when the gate
+        begins means systemd restarted a crashed server since. By default that fails the
+        gate; set this to C(true) to accept earlier crashes (only restarts during the gate fail).
+    type: bool
+    default: false
+  model:
+    description:
+      - Model id for the requests. The first id listed by C(/v1/models) is used unless this
+        option is one of the listed ids; when the server lists nothing (C(transformers serve)),
+        this option is used and is then required.
+    type: str
+  api_key:
+    description: API key sent as C(Authorization Bearer). Never logged, never in the report.
+    type: str
+  engine:
+    description: Server engine. C(auto) detects SGLang through C(/server_info); anything else is C(generic).
+    type: str
+    choices: [auto, sglang, transformers, generic]
+    default: auto
+  ready_timeout_s:
+    description: Seconds to wait for readiness; sized for loading a 52 GiB model plus CUDA-graph capture and JIT.
+    type: float
+    default: 1800
+  poll_interval_s:
+    description: Seconds between C(/health) polls (the unit is checked twice as often, at most every second).
+    type: float
+    default: 1.0
+  health_timeout_s:
+    description:
+      - Timeout of one C(/health) or discovery call.
+      - SGLang's C(/health) runs a 1-token generation with a 20 s timeout.
+    type: float
+    default: 30
+  request_timeout_s:
+    description: A measured request fails when it takes longer than this, or when its stream is silent this long.
+    type: float
+    default: 300
+  warmup_requests:
+    description: Requests sent (and not measured) before the measurement.
+    type: int
+    default: 2
+  requests:
+    description: Measured requests.
+    type: int
+    default: 8
+  concurrency:
+    description: Requests in flight at once during warm-up and measurement.
+    type: int
+    default: 1
+  max_tokens:
+    description: C(max_tokens) of every request (at least 2).
+    type: int
+    default: 256
+  prompts:
+    description:
+      - "Prompts, used round-robin. A list (strings, or mappings with C(messages) and an optional C(id)),
+        or the path of a JSON file on the target holding such a list or a mapping with a C(prompts) list."
+      - Omitted, two built-in coding prompts are used; the role passes its C(files/prompts.json).
+    type: raw
+  min_decode_tps:
+    description: Minimum mean decode tokens/s per request. 0 disables the check.
+    type: float
+    default: 0
+  max_ttft_s:
+    description:
+      - Maximum time to first token, 95th percentile over the measured requests, in seconds.
+      - 0 disables the check.
+    type: float
+    default: 0
+  min_accept_length:
+    description:
+      - Minimum speculative (MTP) accept length, applied only when the engine reports one.
+      - 0 disables the check.
+    type: float
+    default: 0
+  journal_max_lines:
+    description: Cap on the journal lines quoted as evidence (the last lines are kept; the message says when capped).
+    type: int
+    default: 3000
+  journal_max_bytes:
+    description: Cap on the size of the quoted journal, in bytes.
+    type: int
+    default: 524288
+  report_dir:
+    description: Directory on the target for the JSON reports. Omitted, no report is written. Not written in check mode.
+    type: path
+  keep_reports:
+    description: Timestamped reports kept in O(report_dir) (oldest pruned first).
+    type: int
+    default: 20
+  metadata:
+    description:
+      - Free mapping copied into the report, e.g. C(unit_sha256), C(env_sha256), C(venv_lock_sha256),
+        C(model_revision), C(engine_version) (what last-known-good records).
+    type: dict
+    default: {}
+notes:
+  - Supports check mode; in check mode the server is measured but no report is written.
+  - Standard library only; Python 3.8 or newer on the target.
+seealso:
+  - name: tools/health-gate
+    description: The same gate as a command line, for operators.
+    link: https://github.com/llm-deploy/llm-deploy/blob/main/docs/health-gate.md
+"""
+
+EXAMPLES = r"""
+- name: Gate the deploy on ct129's figures
+  health_gate:
+    url: http://127.0.0.1:30000
+    unit: inference-server
+    min_decode_tps: 40
+    max_ttft_s: 3.0
+    min_accept_length: 1.5
+    report_dir: /var/lib/inference-server/gate
+    metadata:
+      model_revision: "{{ model_sync_revision }}"
+      venv_lock_sha256: "{{ ml_env_lock_sha256 }}"
+  register: __health_gate_result
+
+- name: Gate a transformers serve rehearsal server (it lists no model, so name it)
+  health_gate:
+    url: http://127.0.0.1:8000
+    unit: inference-server
+    model: /srv/models/tiny-qwen3.5/current
+    requests: 4
+    max_tokens: 32
+    min_decode_tps: 5
+"""
+
+RETURN = r"""
+passed:
+  description: Whether every check passed.
+  returned: always (after the options were accepted)
+  type: bool
+  sample: true
+summary:
+  description: One human line.
+  returned: always (after the options were accepted)
+  type: str
+  sample: "gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), 8 requests"
+report_path:
+  description:
+    - Path of the stored report.
+    - C(null) without O(report_dir), in check mode, or when it could not be written.
+  returned: always (after the options were accepted)
+  type: str
+  sample: /var/lib/inference-server/gate/20261129T224000Z.json
+report:
+  description:
+    - The full report. Keys include C(schema), C(timestamp), C(host), C(url), C(engine), C(version),
+      C(model), C(settings), C(thresholds), C(readiness), C(server), C(warmup), C(requests) (per request),
+      C(aggregate), C(speculative), C(checks), C(passed), C(phase), C(reasons), C(evidence), C(unit),
+      C(metadata), C(summary), C(duration_s).
+  returned: always (after the options were accepted)
+  type: dict
+  contains:
+    aggregate:
+      description: Aggregate figures.
+      type: dict
+      returned: when the measurement ran
+      sample:
+        decode_tps_mean: 52.3
+        decode_tps_median: 52.1
+        ttft_p50_s: 0.31
+        ttft_p95_s: 0.41
+        itl_mean_s: 0.038
+        itl_p95_s: 0.052
+        e2e_p95_s: 5.2
+        completion_tokens: 2048
+        total_tps: 51.0
+    speculative:
+      description: MTP accept length and where it came from.
+      type: dict
+      returned: when the measurement ran
+      sample: {accept_length: 2.1, source: "server_info.internal_states[0].avg_spec_accept_length"}
+    evidence:
+      description:
+        - On a unit failure, its state and the journal of this start.
+        - Keys C(log), C(log_lines), C(log_capped), C(exception), C(state), C(reason).
+      type: dict
+      returned: when the watched unit or process failed
+    reasons:
+      description: Why the gate failed (empty when it passed).
+      type: list
+      elements: str
+      returned: always
+msg:
+  description: The summary line; on failure followed by the exception line and the journal of this start.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+
+from ansible.module_utils.llm_gate import (  # noqa: E402
+    DEFAULTS,
+    GateUsageError,
+    failure_message,
+    run_gate,
+    store_report,
+)
+
+
+def argument_spec():
+    """The module's options (defaults shared with the CLI through ``DEFAULTS``)."""
+    return dict(
+        url=dict(type="str", default=DEFAULTS["url"]),
+        unit=dict(type="str"),
+        allow_prior_restarts=dict(type="bool", default=False),
+        model=dict(type="str"),
+        api_key=dict(type="str", no_log=True),
+        engine=dict(type="str", default="auto", choices=["auto", "sglang", "transformers", "generic"]),
+        ready_timeout_s=dict(type="float", default=DEFAULTS["ready_timeout_s"]),
+        poll_interval_s=dict(type="float", default=DEFAULTS["poll_interval_s"]),
+        health_timeout_s=dict(type="float", default=DEFAULTS["health_timeout_s"]),
+        request_timeout_s=dict(type="float", default=DEFAULTS["request_timeout_s"]),
+        warmup_requests=dict(type="int", default=DEFAULTS["warmup_requests"]),
+        requests=dict(type="int", default=DEFAULTS["requests"]),
+        concurrency=dict(type="int", default=DEFAULTS["concurrency"]),
+        max_tokens=dict(type="int", default=DEFAULTS["max_tokens"]),
+        prompts=dict(type="raw"),
+        min_decode_tps=dict(type="float", default=DEFAULTS["min_decode_tps"]),
+        max_ttft_s=dict(type="float", default=DEFAULTS["max_ttft_s"]),
+        min_accept_length=dict(type="float", default=DEFAULTS["min_accept_length"]),
+        journal_max_lines=dict(type="int", default=DEFAULTS["journal_max_lines"]),
+        journal_max_bytes=dict(type="int", default=DEFAULTS["journal_max_bytes"]),
+        report_dir=dict(type="path"),
+        keep_reports=dict(type="int", default=DEFAULTS["keep_reports"]),
+        metadata=dict(type="dict", default={}),
+    )
+
+
+def main() -> None:
+    """Validate, run the gate, store the report, exit or fail with the summary."""
+    module = AnsibleModule(argument_spec=argument_spec(), supports_check_mode=True)
+    params = dict(module.params)
+    report_dir = params.get("report_dir")
+    if not params.get("unit"):
+        params["unit"] = None
+    try:
+        report = run_gate(params)
+    except GateUsageError as exc:
+        module.fail_json(msg="health_gate: invalid options: %s" % exc)
+        return
+    path = None
+    if report_dir and not module.check_mode:
+        try:
+            path = store_report(report, report_dir, params["keep_reports"])
+        except OSError as exc:
+            module.warn("health_gate: could not store the report in %s: %s" % (report_dir, exc))
+    result = dict(changed=False, passed=report["passed"], summary=report["summary"], report=report, report_path=path)
+    if report["passed"]:
+        module.exit_json(msg=report["summary"], **result)
+    module.fail_json(msg=failure_message(report), **result)
+
+
+if __name__ == "__main__":
+    main()

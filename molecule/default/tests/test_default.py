@@ -83,3 +83,30 @@ def test_service_runs_as_the_dedicated_user_and_is_enabled(host):
 def test_port_listens_on_loopback_only(host):
     assert host.socket(f"tcp://127.0.0.1:{PORT}").is_listening
     assert not host.socket(f"tcp://0.0.0.0:{PORT}").is_listening
+
+
+def test_gate_report_is_on_record_and_passed(host):
+    report = json.loads(host.file(f"/var/lib/{UNIT}-deploy/gate/latest.json").content_string)
+    assert report["passed"] is True, report.get("reasons")
+    aggregate = report["aggregate"]
+    assert aggregate["requests"] >= 1
+    assert aggregate["decode_tps_mean"] > 0
+    assert aggregate["ttft_p95_s"] > 0
+    # Tokens come from the server's usage, and every measured request produced some.
+    assert all(r["completion_tokens"] > 0 for r in report["requests"])
+    assert report["metadata"]["venv_dir"] == host.file("/opt/ml-env").linked_to
+
+
+def test_last_known_good_matches_the_running_unit(host):
+    state = json.loads(host.file(f"/var/lib/{UNIT}-deploy/last-known-good/state.json").content_string)
+    unit = host.file(f"/etc/systemd/system/{UNIT}.service")
+    kept = host.file(f"/var/lib/{UNIT}-deploy/last-known-good/unit.service")
+    assert kept.sha256sum == unit.sha256sum
+    assert state["model_dir"] == host.file("/srv/models/tiny-qwen3.5/current").linked_to
+    assert (kept.user, kept.mode) == ("root", 0o600)
+
+
+def test_gate_figures_are_published_for_node_exporter(host):
+    prom = host.file("/var/lib/node_exporter/textfile_collector/llm_gate.prom").content_string
+    assert re.search(r'^llm_gate_passed\{host="molecule-sim-default"\} 1$', prom, re.M)
+    assert re.search(r"^llm_gate_decode_tokens_per_second\{[^}]*\} [0-9.]+$", prom, re.M)

@@ -260,16 +260,18 @@ def test_plan_is_read_not_built(tmp_path: Path) -> None:
             ga.Plan.from_dict(bad)
 
 
-def test_plan_renders_through_the_roles_filter() -> None:
-    """prepare's plan comes from filter_plugins/launch_plan.py with the sglang_servers settings
-    and the one tiny-model override (runs once the launch-plan work is merged)."""
-    if not (REPO / "filter_plugins" / "launch_plan.py").is_file():
-        pytest.skip("filter_plugins/launch_plan.py is not in this checkout yet (launch-plan branch)")
-    config = json.loads((REPO / "files" / "models" / "qwen3.6-27b.config.json").read_text())
-    plan = ga.Plan.from_dict(ga.render_plan(config, 18_000_000, "/root/ml-env.d/x", "/root/models/tiny", "0.5.11"))
-    assert plan.venv_dir == Path("/root/ml-env.d/x") and plan.model_path == Path("/root/models/tiny")
+def test_plan_renders_through_the_role(tmp_path: Path) -> None:
+    """prepare's plan comes from tools/launch-plan (the role's plan.yml) for the acceptance
+    host: the sglang_servers settings, the role's cache environment, the one override."""
+    config = tmp_path / "config.json"
+    config.write_text((REPO / "files" / "models" / "qwen3.6-27b.config.json").read_text())
+    plan = ga.Plan.from_dict(ga.render_plan(config, 18_000_000, "/root/models/tiny"))
+    lock_sha = hashlib.sha256((REPO / "roles/ml_env/files/locks/sglang-0.5.11.txt").read_bytes()).hexdigest()
+    assert plan.venv_dir == Path(f"/root/ml-env.d/{lock_sha[:12]}") and plan.model_path == Path("/root/models/tiny")
     assert ga.flag_value(plan.argv, "--mem-fraction-static") == "0.5"
     assert ga.flag_value(plan.argv, "--speculative-algorithm") == "NEXTN"
+    assert plan.env["SGLANG_ENABLE_SPEC_V2"] == "1"
+    assert plan.env["TRITON_CACHE_DIR"].startswith("/var/cache/inference-server")
 
 
 def test_server_env_is_the_plan_env_plus_device_allowances(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -330,8 +330,24 @@ def test_reports_are_read_tolerantly() -> None:
     found = ga.last_json_object(text)
     assert ga.find_value(found, ["decode_tps"]) == 97.5
     assert ga.find_value(found, ["accept_length"]) == 1.02
-    assert ga.gate_prompts(found) == ["a", "b"]
     assert ga.last_json_object("no json") is None
+
+
+def test_gate_figures_follow_the_gate_report_schema() -> None:
+    """Per-request means, not the aggregate's totals or the first request's figure."""
+    report = {"aggregate": {"requests": 8, "prompt_tokens": 2756, "completion_tokens": 1981,
+                            "decode_tps_mean": 118.875, "decode_tps_min": 104.448},
+              "settings": {"max_tokens": 256}, "speculative": {"accept_length": 1.001},
+              "requests": [{"decode_tps": 104.448, "prompt_tokens": 354}]}
+    assert ga.gate_figures(report) == {"tps": 118.875, "accept_length": 1.001, "prompt_tokens": 344,
+                                       "output_len": 256}
+
+
+def test_bench_prompts_are_the_gates_own_texts() -> None:
+    texts = ga.gate_prompts()
+    prompts = json.loads((REPO / "roles/health_gate/files/prompts.json").read_text())["prompts"]
+    assert len(texts) == len(prompts)
+    assert all(len(t) > 40 for t in texts)
 
 
 def test_summary_has_the_issue_keys() -> None:

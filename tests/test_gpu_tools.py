@@ -356,7 +356,7 @@ def test_summary_has_the_issue_keys() -> None:
                                "probe": {"server_info": {"version": "0.5.11", "tp_size": 2,
                                                          "speculative_algorithm": "EAGLE",
                                                          "mamba_scheduler_strategy": "extra_buffer"}}}},
-             "bench": {"tps": 104.0, "tps_metric": "tpot"},
+             "bench": {"cold": {"tps": 104.0, "tps_metric": "tpot"}},
              "original_flags": {"error": "ValueError: ... not compatible with radix cache ..."}}
     summary = ga.summarize(state, {"plan": {"argv": ["/v/bin/sglang", "serve", "--speculative-algorithm", "NEXTN"]}})
     required = ["launched", "ready_s", "gate_passed", "gate_tps", "accept_length", "sglang_version", "tp_size",
@@ -366,6 +366,19 @@ def test_summary_has_the_issue_keys() -> None:
     assert summary["launched"] is True and summary["tps_ratio"] == round(100 / 104, 3)
     assert summary["speculative_algorithm_requested"] == "NEXTN"
     json.dumps(summary)
+
+
+def test_ratio_pairs_the_gate_and_bench_of_the_same_server() -> None:
+    """Never a cold gate against a warm bench: each server's pair, the latest one headlined."""
+    state = {"servers": {"cold": {"ready_s": 300.0}, "warm": {"ready_s": 70.0}},
+             "gate": {"cold": {"passed": True, "tps": 135.5}, "warm": {"passed": True, "tps": 115.5}},
+             "bench": {"cold": {"tps": 99.5}, "warm": {"tps": 115.3}}}
+    summary = ga.summarize(state, None)
+    assert summary["tps_pairs"]["cold"]["ratio"] == round(135.5 / 99.5, 3)
+    assert (summary["tps_ratio_server"], summary["tps_ratio"]) == ("warm", round(115.5 / 115.3, 3))
+    assert summary["gate_tps"] == 115.5 and summary["bench_serving_tps"] == 115.3
+    state["gate"]["warm"]["passed"] = False
+    assert ga.summarize(state, None)["gate_passed"] is False
 
 
 def test_model_archive_is_deterministic(tmp_path: Path) -> None:
@@ -629,7 +642,7 @@ def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.
     assert summary["speculative_algorithm"] == "EAGLE" and summary["mamba_scheduler_strategy"] == "extra_buffer"
     assert "not compatible with radix cache" in summary["original_flags_error"]
     assert summary["bench_serving_tps"] == 100.0 and summary["tps_ratio"] is not None
-    assert summary["bench_serving"]["output_len"] == 32
+    assert summary["bench_serving"]["cold"]["output_len"] == 32
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_acceptance.json", "gpu_acceptance.md",
                                                                     "logs.tar.gz"]
     log = (dev.logs / "server-cold.log").read_text()

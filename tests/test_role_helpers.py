@@ -135,3 +135,35 @@ def test_host_facts_reads_the_deployed_state(tmp_path):
     facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
                                       capture_output=True, text=True, check=True).stdout)
     assert facts["deployed"] == {}
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on."""
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        return probe_port.getsockname()[1]
+
+
+WAIT_READY = REPO / "roles/inference_server/files/wait-ready.py"
+
+
+def test_wait_ready_gives_up_at_once_when_the_server_is_gone():
+    """ExecStartPost's probe: a dead $MAINPID ends the wait (no 30-minute start timeout)."""
+    finished = subprocess.Popen([sys.executable, "-c", "import os; print(os.getpid())"], stdout=subprocess.PIPE)
+    pid = int(finished.communicate()[0])
+    out = subprocess.run([sys.executable, str(WAIT_READY), f"http://127.0.0.1:{free_port()}/health", "0.1"],
+                         env={"MAINPID": str(pid)}, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and f"pid {pid}" in out.stderr
+
+
+def test_wait_ready_returns_once_health_answers_200(tmp_path):
+    port = free_port()
+    (tmp_path / "health").write_text("ok")
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                               "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out = subprocess.run([sys.executable, str(WAIT_READY), f"http://127.0.0.1:{port}/health", "0.1"],
+                             env={"MAINPID": str(server.pid)}, capture_output=True, text=True, timeout=30)
+    finally:
+        server.kill()
+    assert out.returncode == 0 and "ready after" in out.stdout

@@ -43,6 +43,11 @@ RESULTS = Path(os.environ.get("RELIABILITY_RESULTS") or REPO / "artifacts" / "re
 FAST_GATE = {"health_gate_warmup_requests": 1, "health_gate_requests": 2, "health_gate_max_tokens": 32,
              "health_gate_request_timeout_s": 20, "health_gate_health_timeout_s": 5,
              "health_gate_ready_timeout_s": 120}
+# Known fake secrets: set 0 is vaulted in the inventory from the start (the first changing
+# deploy renders it); set 1 is rotated in by the deploy that crashes, and rolled back. Every
+# output and file is searched for both.
+SECRETS = [{"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"}
+           for i in range(2)]
 ROWS: List[Dict[str, Any]] = []
 STARTED = time.time()
 
@@ -183,7 +188,13 @@ class Deployer:
             "children": {"rehearsal": {"hosts": {"rel-molecule": docker}},
                          "sglang_servers": {"hosts": {"rel-gpu": docker}}}}}))
         self.count = 0
-
+        # Every run's output, for the secrets test: (label, text).
+        self.outputs: List[Any] = []
+        # Fake secrets, vaulted in the inventory's host_vars as an operator would keep them.
+        self.vault_password = workdir / "vault-password"
+        self.vault_password.write_text("reliability-scenario-vault-password\n")
+        self.vault_password.chmod(0o600)
+        self.set_secrets(SECRETS[0])
     def env(self, callback: str = "ansible.posix.jsonl") -> Dict[str, str]:
         """The environment of a run: the repository's ansible.cfg, nothing of molecule's."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
@@ -194,28 +205,55 @@ class Deployer:
         return env
 
     def command(self, limit: str, extra: Optional[Dict[str, Any]], args: List[str], playbook: str,
-                fast_gate: bool) -> List[str]:
-        """The ansible-playbook command line; extra variables go in a file of this session."""
+                fast_gate: bool, verbose: bool = False) -> List[str]:
+        """The ansible-playbook command line; extra variables go in a file of this session.
+
+        ``verbose`` adds ``-vvvv --diff``: the output is then part of what the secrets test greps.
+        """
         self.count += 1
         variables = dict(FAST_GATE if fast_gate else {}, **(extra or {}))
         varfile = self.workdir / f"vars-{self.count}.json"
         varfile.write_text(json.dumps(variables))
         return [str(BIN / "ansible-playbook"), "-i", str(self.inventory), str(REPO / playbook), "-l", limit,
-                "-e", f"@{varfile}", *args]
+                "-e", f"@{varfile}", "--vault-password-file", str(self.vault_password),
+                *(["-vvvv", "--diff"] if verbose else []), *args]
 
     def run(self, extra: Optional[Dict[str, Any]] = None, limit: str = "rel-molecule", args: Optional[List[str]] = None,
             playbook: str = "deploy.yml", watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]] = None,
-            timeout: float = 600, fast_gate: bool = True, callback: str = "ansible.posix.jsonl") -> Run:
+            timeout: float = 600, fast_gate: bool = True, callback: str = "ansible.posix.jsonl",
+            verbose: bool = False) -> Run:
         """Run to the end; ``watch(event, handle)`` sees each event as it comes (it may kill the run)."""
-        handle = RunHandle(self.command(limit, extra, list(args or []), playbook, fast_gate), self.env(callback))
-        return handle.wait(watch, timeout)
+        handle = RunHandle(self.command(limit, extra, list(args or []), playbook, fast_gate, verbose),
+                           self.env(callback))
+        run = handle.wait(watch, timeout)
+        self.outputs.append((("-vvvv --diff " if verbose else "") + " ".join(args or []) + f" run {self.count}",
+                             run.stdout + run.stderr))
+        return run
 
     def start(self, extra: Optional[Dict[str, Any]] = None, limit: str = "rel-molecule",
-              args: Optional[List[str]] = None, fast_gate: bool = True) -> "RunHandle":
-        """Start a run in the background."""
-        handle = RunHandle(self.command(limit, extra, list(args or []), "deploy.yml", fast_gate), self.env())
+              args: Optional[List[str]] = None, fast_gate: bool = True, verbose: bool = False) -> "RunHandle":
+        """Start a run in the background (its output is kept for the secrets test when it ends)."""
+        handle = RunHandle(self.command(limit, extra, list(args or []), "deploy.yml", fast_gate, verbose), self.env())
         handle.background()
+        handle.on_end = lambda run: self.outputs.append((f"background run {self.count}", run.stdout + run.stderr))
         return handle
+
+
+    def set_secrets(self, values: Dict[str, str]) -> None:
+        """Vault ``values`` (hf_token, api_key) into host_vars/rel-molecule of this session's inventory."""
+        host_vars = self.inventory.parent / "host_vars" / "rel-molecule"
+        host_vars.mkdir(parents=True, exist_ok=True)
+        (host_vars / "settings.yml").write_text(yaml.safe_dump({
+            # transformers serve cannot enforce a key; the scenario rehearses the key's path.
+            "inference_server_allow_unenforced_api_key": True}))
+        vault = host_vars / "secrets.yml"
+        vault.write_text(yaml.safe_dump({
+            "model_sync_hf_token": values["hf_token"],
+            "inference_server_api_key": values["api_key"],
+            "inference_server_secrets": {"HF_TOKEN": values["hf_token"]}}))
+        subprocess.run([str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(self.vault_password),
+                        str(vault)], check=True, capture_output=True, env=self.env())
+        assert values["api_key"].encode() not in vault.read_bytes()
 
 
 class RunHandle:
@@ -230,6 +268,7 @@ class RunHandle:
         self.killed = False
         self.marks: Dict[str, float] = {}
         self._thread: Optional[threading.Thread] = None
+        self.on_end: Optional[Callable[[Run], None]] = None
         self._stderr: List[str] = []
         threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
 
@@ -278,8 +317,11 @@ class RunHandle:
         finally:
             timer.cancel()
         time.sleep(0.1)
-        return Run(rc=rc, events=self.events, stdout="".join(self.lines), stderr="".join(self._stderr),
-                   duration_s=round(time.monotonic() - self.started, 1), killed=self.killed, marks=self.marks)
+        run = Run(rc=rc, events=self.events, stdout="".join(self.lines), stderr="".join(self._stderr),
+                  duration_s=round(time.monotonic() - self.started, 1), killed=self.killed, marks=self.marks)
+        if self.on_end is not None:
+            self.on_end(run)
+        return run
 
 
 def task_started(event: Dict[str, Any], name: str) -> bool:
@@ -307,6 +349,14 @@ def deployer(workdir: Path) -> Deployer:
         assert shutil.which(tool), f"{tool} is needed to run the reliability cases"
     assert (BIN / "ansible-playbook").exists(), f"no ansible-playbook beside {sys.executable}"
     return Deployer(workdir)
+
+
+@pytest.fixture(scope="session")
+def nightly_dir(workdir: Path) -> Path:
+    """Artifacts of the tools/nightly-deploy run (the hang case), searched by the secrets test."""
+    path = workdir / "nightly"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -177,7 +177,8 @@ def cases(work: Path) -> list[Case]:
              r"empty: put a token whose account has been granted access to Qwen/Qwen3\.6-27B in "
              r"model_sync_hf_token \(vaulted\); nothing was downloaded\.",
              extra={"model_sync_source": {"type": "hub", "repo_id": "Qwen/Qwen3.6-27B", "revision": REVISION},
-                    "model_sync_name": "gated-test", "model_sync_hub_endpoint": f"http://127.0.0.1:{HUB_PORT}"}),
+                    "model_sync_name": "gated-test", "model_sync_hub_endpoint": f"http://127.0.0.1:{HUB_PORT}",
+                    "model_sync_hf_token": ""}),
     ]
 
 

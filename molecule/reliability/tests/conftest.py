@@ -235,7 +235,8 @@ class Deployer:
         """Start a run in the background (its output is kept for the secrets test when it ends)."""
         handle = RunHandle(self.command(limit, extra, list(args or []), "deploy.yml", fast_gate, verbose), self.env())
         handle.background()
-        handle.on_end = lambda run: self.outputs.append((f"background run {self.count}", run.stdout + run.stderr))
+        label = ("-vvvv --diff " if verbose else "") + f"background run {self.count}"
+        handle.on_end = lambda run: self.outputs.append((label, run.stdout + run.stderr))
         return handle
 
 

@@ -21,7 +21,7 @@ CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
 .PHONY: help demo test setup collections image image-mlenv wheelhouse tools-venv model sim-up sim-down \
-        lint pytest molecule clean
+        lint pytest molecule reliability clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -82,6 +82,11 @@ pytest: setup tools-venv ## unit and integration tests (tests/)
 
 molecule: setup model image-mlenv ## all molecule scenarios
 	molecule test --all
+
+reliability: setup model image-mlenv ## bad input, faults, secrets (molecule reliability) -> docs/reliability.md
+	molecule test -s reliability
+	$(VENV)/bin/python tools/reliability-report
+	cp artifacts/reliability/results.json docs/reliability-results.json
 
 clean: sim-down ## remove the sim host and local caches
 	rm -rf $(CACHE)

@@ -62,6 +62,17 @@ PINNED = {
     "--host": "inference_server_host",
     "--port": "inference_server_port",
 }
+# Flags that carry a secret: in an override they would land in the unit file (0644) and in
+# the process's argv (/proc/<pid>/cmdline, readable by every user). The API key goes
+# through inference_server_api_key instead, which SGLang reads from a root:<group> 0640
+# YAML file named by --config (SGLang 0.5.11 reads no environment variable for it).
+SECRET_FLAGS = {
+    "--api-key": "remove it and set inference_server_api_key (vaulted) instead",
+    "--admin-api-key": "remove it (this repository manages no admin key, so SGLang keeps its admin endpoints "
+                       "refused)",
+}
+# The flag the plan uses to hand SGLang the API key file.
+CONFIG_FLAG = "--config"
 
 
 class PlanError(ValueError):
@@ -395,6 +406,13 @@ def _apply_overrides(flags: FlagSet, overrides: Mapping[str, Any], pinned: Mappi
             hint = f" (did you mean {hint}? write flags in full)" if hint else ""
             raise PlanError(f"{label}: {flags.table.engine} {flags.table.version} has no flag {given}{hint}: "
                             "fix or remove it.")
+        if spec.name in SECRET_FLAGS:
+            raise PlanError(f"{label} would put a secret in the unit file and in the server's argv, which every "
+                            f"user of the host can read: {SECRET_FLAGS[spec.name]}.")
+        if spec.name == CONFIG_FLAG and flags.table.engine == "sglang":
+            raise PlanError(f"{label}: the plan passes the API key file with {CONFIG_FLAG}, and SGLang takes only "
+                            "one: remove it and give those flags through inference_server_settings or "
+                            "inference_server_overrides.")
         if spec.name in pinned:
             raise PlanError(f"{label} would replace {spec.name}, which the plan takes from "
                             f"{pinned[spec.name]}: set that variable instead.")
@@ -740,7 +758,8 @@ def _environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str,
 def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_path: str, host: str,
                 port: int, gpus: Sequence[Mapping[str, Any]] | None, weights_bytes: int | None,
                 settings: Mapping[str, Any], overrides: Mapping[str, Any], environment: Mapping[str, Any],
-                cache_dir: str | None, table: FlagTable) -> dict[str, Any]:
+                cache_dir: str | None, table: FlagTable, api_key_file: str | None = None,
+                **_: Any) -> dict[str, Any]:
     """The SGLang plan: entry point, flags, environment and notes."""
     notes: list[str] = []
     flags = _sglang_flags(table, facts, settings, model_path, host, port, notes)
@@ -781,6 +800,10 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
         if flags.has(name):
             argv.append(name)
             argv.extend(_argv_values(flags.values[name]))
+    if api_key_file:
+        argv.extend([CONFIG_FLAG, api_key_file])
+        notes.append(f"API key (inference_server_api_key) read by SGLang from {api_key_file} ({CONFIG_FLAG}), so it "
+                     "is in neither the unit file nor the argv; /health and /metrics stay open, /v1/* needs the key")
     return {"argv": argv, "env": env, "notes": notes}
 
 
@@ -792,9 +815,21 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
 def plan_transformers(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_path: str, host: str,
                       port: int, settings: Mapping[str, Any], overrides: Mapping[str, Any],
                       environment: Mapping[str, Any], cache_dir: str | None, table: FlagTable,
+                      api_key_file: str | None = None, allow_unenforced_api_key: bool = False,
                       **_: Any) -> dict[str, Any]:
-    """The ``transformers serve`` plan: pinned to the model directory, CPU by default."""
+    """The ``transformers serve`` plan: pinned to the model directory, CPU by default.
+
+    ``transformers serve`` has no API key: a key is refused (it would leave /v1/* open while
+    looking protected) unless ``allow_unenforced_api_key`` says the operator knows.
+    """
     notes: list[str] = []
+    if api_key_file and not allow_unenforced_api_key:
+        raise PlanError("inference_server_api_key is set, but transformers serve has no API key support and would "
+                        "leave /v1/* open: leave it empty for this engine, or set "
+                        "inference_server_allow_unenforced_api_key to true to rehearse the key's path unenforced.")
+    if api_key_file:
+        notes.append("transformers serve has no API key support: /v1/* is NOT protected on this host; the key is "
+                     f"written to {api_key_file} and sent by the gate only (inference_server_allow_unenforced_api_key)")
     flags = FlagSet(table)
     flags.set("--host", host, "inference_server_host")
     flags.set("--port", port, "inference_server_port")
@@ -839,8 +874,13 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
                gpus: Sequence[Mapping[str, Any]] | None = None, weights_bytes: int | None = None,
                settings: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
                environment: Mapping[str, Any] | None = None, cache_dir: str | None = None,
+               api_key_file: str | None = None, allow_unenforced_api_key: bool = False,
                table_dir: Path = FLAG_TABLE_DIR) -> dict[str, Any]:
-    """Return ``{"argv", "env", "notes"}`` for one host or raise :class:`PlanError`."""
+    """Return ``{"argv", "env", "notes"}`` for one host or raise :class:`PlanError`.
+
+    ``api_key_file`` is the path of the file holding the API key when one is set (never the
+    key itself: the plan is printed and stored, the key must not be).
+    """
     if engine not in ENGINES:
         raise PlanError(f"inference_server_engine is {engine!r}: use one of {', '.join(ENGINES)}.")
     if not engine_version:
@@ -878,7 +918,8 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
         "engine_version": str(engine_version), "venv_dir": venv_dir, "model_path": model_path, "host": host,
         "port": port_number, "settings": settings, "overrides": dict(overrides or {}),
         "environment": dict(environment or {}), "cache_dir": cache_dir,
-        "table": table,
+        "table": table, "api_key_file": api_key_file or None,
+        "allow_unenforced_api_key": bool(allow_unenforced_api_key),
     }
     if engine == "sglang":
         plan = plan_sglang(facts, gpus=gpus, weights_bytes=weights_bytes, **kwargs)

@@ -148,12 +148,16 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
     unit_file = tmp_path / "inference-server.service"
     unit_file.write_text("[Service]\nExecStart=/bin/true\n")
     report_dir = tmp_path / "reports"
+    textfile_dir = tmp_path / "textfile_collector"
+    textfile_dir.mkdir(mode=0o755)  # as node_exporter's package leaves it: the role changes nothing there
+    textfile_dir.chmod(0o755)
     playbook = tmp_path / "gate.yml"
     playbook.write_text(
         "- name: Gate the rehearsal server\n  hosts: localhost\n  connection: local\n"
         "  gather_facts: false\n  roles:\n    - role: health_gate\n"
     )
     extra = {
+        "health_gate_textfile_dir": str(textfile_dir),
         "health_gate_url": srv["url"],
         "health_gate_unit": "",
         "health_gate_model": srv["model"],
@@ -188,6 +192,8 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
     assert meta["env_sha256"] is None  # no such file on this machine
     assert meta["model_revision"] == "tiny-r1" and meta["venv_lock_sha256"] == "feed"
     assert latest["settings"]["prompts"][0] == "py-log-top-errors"
+    prom = (textfile_dir / "llm_gate.prom").read_text()
+    assert "llm_gate_passed" in prom and 'host="localhost"' in prom
 
 
 def test_role_failure_prints_the_summary_fails_and_keeps_the_report(rehearsal_server, tmp_path):
@@ -207,6 +213,7 @@ def test_role_failure_prints_the_summary_fails_and_keeps_the_report(rehearsal_se
         "health_gate_max_tokens": 8,
         "health_gate_min_decode_tps": 100000,
         "health_gate_report_dir": str(report_dir),
+        "health_gate_textfile_dir": "",  # not this machine's node_exporter directory
         "ansible_python_interpreter": SYSTEM_PYTHON,
     }
     env = ansible_env()

@@ -55,7 +55,8 @@ def content_chunk(text: str, finish: Optional[str] = None, usage: Optional[Dict[
 class FakeLLMServer(object):
     """A threaded HTTP server whose answers are set per test through ``scenario``.
 
-    scenario keys: ``health`` (status int or callable), ``models`` (ids), ``server_info``
+    scenario keys: ``api_key`` (refuse all but /health and /metrics without this Bearer token,
+    as SGLang does), ``health`` (status int or callable), ``models`` (ids), ``server_info``
     (dict or None for 404), ``generate_meta`` (dict), and ``chat`` with ``mode`` in
     ok/stall/drop/no_usage/http_error/stream_error, ``chunks``, ``tokens_per_chunk``,
     ``ttft``, ``gap``, ``done`` (send [DONE]), ``status``/``body`` for http_error,
@@ -94,9 +95,21 @@ class FakeLLMServer(object):
                     {"path": self.path, "method": self.command, "headers": dict(self.headers), "body": body}
                 )
 
+            def _refused(self) -> bool:
+                """With scenario ``api_key``, refuse (401) what SGLang protects: all but /health*, /metrics."""
+                key = server.scenario.get("api_key")
+                if not key or self.path.startswith(("/health", "/metrics")):
+                    return False
+                if self.headers.get("Authorization") == "Bearer %s" % key:
+                    return False
+                self._json(401, {"error": "Unauthorized"})
+                return True
+
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 self._record()
                 sc = server.scenario
+                if self._refused():
+                    return
                 if self.path == "/health":
                     status = sc["health"]() if callable(sc["health"]) else sc["health"]
                     self._json(status, {"status": "ok" if status == 200 else "warming"})
@@ -113,6 +126,8 @@ class FakeLLMServer(object):
                 body = json.loads(self.rfile.read(length) or b"{}")
                 self._record(body)
                 sc = server.scenario
+                if self._refused():
+                    return
                 if self.path == "/generate":
                     if sc["generate_meta"] is None:
                         self._json(404, {"detail": "Not Found"})

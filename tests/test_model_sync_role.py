@@ -159,7 +159,9 @@ def test_hub_failure_is_one_sentence_and_never_shows_the_token(tmp_path, ansible
     finally:
         server.shutdown()
     assert proc.returncode != 0
-    assert "huggingface_hub could not read the file list of Qwen/Qwen3.6-27B@" + "a" * 40 in proc.stdout
+    assert ("the Hub refused Qwen/Qwen3.6-27B@" + "a" * 40 + " (HTTP 401, not found, private or gated) with the "
+            "token in model_sync_hf_token: grant that token's account access to Qwen/Qwen3.6-27B on the Hub, or use "
+            "another token; nothing was downloaded.") in " ".join(proc.stdout.split())
     assert _Deny.seen_auth and _Deny.seen_auth[0] == f"Bearer {TOKEN}", "the token reached the endpoint"
     assert TOKEN not in proc.stdout and TOKEN not in proc.stderr
     # vars.json is this test's stand-in for the vault; nothing else may hold the token.

@@ -1558,6 +1558,13 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
         elif engine == "sglang":
             report["notes"].append("engine is sglang but /server_info and /get_server_info did not answer")
         listed, note = monitor.call(list_models, endpoint, timeout)
+        if note in ("/v1/models answered HTTP 401", "/v1/models answered HTTP 403"):
+            raise GateFailure(
+                "discover",
+                "the server refused /v1/models with HTTP %s %s: set health_gate_api_key (it defaults to "
+                "inference_server_api_key) to the server's API key"
+                % (note[-3:], "with the API key the gate sent" if cfg.get("api_key") else "without an API key"),
+            )
         if note:
             report["notes"].append(note)
         model, note = resolve_model(listed, cfg.get("model"))

@@ -969,9 +969,8 @@ class Engine:
             msg = tail[0]
             if self.hf_token:
                 msg = msg.replace(self.hf_token, "********")
-            what = "read the file list of" if mode == "info" else "download"
-            raise SyncError(f"huggingface_hub could not {what} {src['repo_id']}@{src.get('revision')}: {msg[-400:]}; "
-                            f"partial downloads stay in {self.incoming} and the next run resumes.")
+            raise SyncError(hub_failure(msg, src["repo_id"], str(src.get("revision")), mode, bool(self.hf_token),
+                                        self.incoming))
         return proc.stdout
 
     def fetch_hub(self) -> tuple[str, dict[str, str]]:
@@ -1375,18 +1374,56 @@ import json, os, sys
 from huggingface_hub import HfApi, snapshot_download
 mode, repo, rev, local_dir, workers = sys.argv[1:6]
 token = os.environ.pop("MODEL_SYNC_HF_TOKEN", None) or False
-if mode == "info":
-    info = HfApi().model_info(repo, revision=rev, files_metadata=True, token=token)
-    files = []
-    for s in info.siblings or []:
-        lfs = getattr(s, "lfs", None)
-        sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
-        files.append({"path": s.rfilename, "size": s.size, "sha256": sha})
-    print(json.dumps({"sha": info.sha, "files": files}))
-else:
-    snapshot_download(repo_id=repo, revision=rev, local_dir=local_dir, token=token,
-                      max_workers=int(workers))
+try:
+    if mode == "info":
+        info = HfApi().model_info(repo, revision=rev, files_metadata=True, token=token)
+        files = []
+        for s in info.siblings or []:
+            lfs = getattr(s, "lfs", None)
+            sha = lfs.get("sha256") if isinstance(lfs, dict) else getattr(lfs, "sha256", None)
+            files.append({"path": s.rfilename, "size": s.size, "sha256": sha})
+        print(json.dumps({"sha": info.sha, "files": files}))
+    else:
+        snapshot_download(repo_id=repo, revision=rev, local_dir=local_dir, token=token,
+                          max_workers=int(workers))
+except Exception as exc:
+    response = getattr(exc, "response", None)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    print(json.dumps({"hub_error": type(exc).__name__, "status": getattr(response, "status_code", None),
+                      "message": first[:300]}), file=sys.stderr)
+    sys.exit(1)
 """
+
+
+def hub_failure(line: str, repo: str, revision: str, mode: str, have_token: bool, incoming: str) -> str:
+    """One sentence for a failed Hub call, from the helper's last stderr line.
+
+    A refusal (HTTP 401/403, a gated or unknown repo) names model_sync_hf_token and what to
+    do with it; anything else quotes huggingface_hub's own first line.
+    """
+    try:
+        err = _json().loads(line)
+    except ValueError:
+        err = None
+    if not isinstance(err, dict) or "hub_error" not in err:
+        err = {"hub_error": "", "status": None, "message": line}
+    kind, status, text = err.get("hub_error") or "", err.get("status"), err.get("message") or "no error output"
+    after = ("nothing was downloaded" if mode == "info"
+             else f"partial downloads stay in {incoming} and the next run resumes")
+    where = f"{repo}@{revision}"
+    if kind == "RevisionNotFoundError":
+        return f"the Hub has no revision {revision} of {repo}: set model_sync_source.revision to a commit of it; {after}."
+    refused = kind in ("GatedRepoError", "RepositoryNotFoundError") or status in (401, 403)
+    if refused:
+        why = (f"HTTP {status}, " if status else "") + ("a gated repo" if kind == "GatedRepoError"
+                                                         else "not found, private or gated")
+        if not have_token:
+            return (f"the Hub refused {where} ({why}) and model_sync_hf_token is empty: put a token whose account "
+                    f"has been granted access to {repo} in model_sync_hf_token (vaulted); {after}.")
+        return (f"the Hub refused {where} ({why}) with the token in model_sync_hf_token: grant that token's account "
+                f"access to {repo} on the Hub, or use another token; {after}.")
+    what = "read the file list of" if mode == "info" else "download"
+    return f"huggingface_hub could not {what} {where}: {text[-400:]}; {after}."
 
 
 def listing(path: str) -> list[dict]:

@@ -1,0 +1,404 @@
+"""Faults: what happened, what the host did, how long until it served again (measured).
+
+The tests run in file order and each starts from the state the previous one left; the
+server must be serving (and gated) at the end of each. Times are wall-clock seconds on the
+2-core CI machine, from the fault to the end of the run that proved the host serves again
+(its gate passed), unless a row says otherwise.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import yaml
+
+from conftest import (FAST_GATE, PORT, REPO, SECRETS, UNIT, Deployer, RunHandle, dexec, full_match, healthy, record,
+                      server_state, sh, task_started, unit_props, wait_for)
+
+# A change that restarts the server (a new Environment= line), kept for the next tests.
+MARK_A = {"inference_server_environment": {"RELIABILITY_MARK": "a"}}
+MARK_B = {"inference_server_environment": {"RELIABILITY_MARK": "b"}}
+LOCK_REFUSAL = (r"Another deploy holds /run/lock/llm-deploy\.lock on rel-molecule: run \S+ of \S+ on controller "
+                r"\S+ \(pid \d+\), taken \S+ \(\d+ s ago\); wait for it to finish, or, if that run is gone, remove "
+                r"/run/lock/llm-deploy\.lock on the host \(a lock older than deploy_lock_stale_after_s, 21600 s, is "
+                r"taken over automatically\)\.")
+BACK_ON_LKG = (r"Deploy step 'Fail when the gate failed' failed on rel-molecule: gate FAIL .* The host is back on "
+               r"its last-known-good state \(engine transformers 5\.6\.0, model revision [0-9a-f]{12}, venv lock "
+               r"transformers-cpu\) and serving: gate PASS: .*")
+
+
+def main_pid() -> int:
+    """The unit's main PID (0 when none)."""
+    return int(unit_props("MainPID")["MainPID"])
+
+
+def environ_of(pid: int) -> str:
+    """The environment of a process in the container, NUL-separated."""
+    return dexec("cat", f"/proc/{pid}/environ", check=False)
+
+
+def gate_reason(message: str) -> str:
+    """The gate's own reason inside a rolled-back deploy's message."""
+    found = re.search(r"failed on rel-molecule: (gate FAIL.*?)(?: The host is back|$)", message)
+    return found.group(1) if found else message[:200]
+
+
+def lock_held() -> bool:
+    """Whether the host's deploy lock file exists."""
+    return sh("test -e /run/lock/llm-deploy.lock && echo yes || echo no").strip() == "yes"
+
+
+def in_background(fn: Any) -> threading.Thread:
+    """Run ``fn`` in a daemon thread."""
+    thread = threading.Thread(target=fn, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deployer, good_state: Dict[str, Any]) -> None:
+    """Kill the controller after the new unit is written but before the restart; run again.
+
+    While that second run holds the lock, a third deploy starts: it must be refused at once.
+    """
+    before = server_state()
+
+    def kill_before_restart(event: Dict[str, Any], handle: RunHandle) -> None:
+        if task_started(event, "Note whether the unit, its secrets or its API key file changed in this run"):
+            handle.kill()
+
+    killed = deployer.run(MARK_A, watch=kill_before_restart, verbose=True)
+    assert killed.killed, f"the run ended before the unit was written:\n{killed.tail()}"
+    after_kill = server_state()
+    unit = sh(f"cat /etc/systemd/system/{UNIT}.service")
+    assert "RELIABILITY_MARK=a" in unit, "the killed run had not written the new unit yet"
+    assert after_kill["MainPID"] == before["MainPID"], "the server restarted before the kill"
+    assert lock_held(), "the killed run's lock should still be on the host"
+
+    rerun = deployer.start(MARK_A, verbose=True)
+    # Once the rerun is past its lock (it took over the dead run's), start a third deploy.
+    assert wait_for(lambda: any(task_started(e, "Refuse a host that has no profile") for e in list(rerun.events)), 60)
+    concurrent = deployer.run(MARK_A)
+    second = rerun.wait(timeout=600)
+    after = server_state()
+    pid = main_pid()
+
+    took_over = [w for w in second.warnings() if "Took over the deploy lock" in w]
+    record("faults", id="controller-killed", fault="the controller's run is killed mid-deploy and run again",
+           how="SIGKILL to ansible-playbook and its workers right after the new unit file (a new Environment= "
+               "line) was written, before the handler restarted the server; then the same deploy again",
+           happened=f"the host kept the new unit file with the old process (MainPID {before['MainPID']} unchanged) "
+                    "and the killed run's lock",
+           host_did="the rerun took over the lock of the dead run (warning), found the unit file newer than the "
+                    "running process, restarted the server, gated it and recorded it as last-known-good",
+           evidence=took_over[:1] + [t for t in second.changed_tasks() if "interrupted deploy" in t],
+           recover_s=second.duration_s, rc=second.rc)
+    record("faults", id="two-deploys", fault="two deploys start at once on one host",
+           how="a third deploy started while the second held the host's lock",
+           happened="the third run met the lock of the live second run",
+           host_did=f"refused it in {concurrent.duration_s} s with one sentence naming the holder; the second run "
+                    "went on untouched",
+           message=concurrent.message, recover_s=0.0, rc=concurrent.rc)
+
+    assert second.rc == 0, second.tail()
+    assert took_over, f"no takeover warning: {second.warnings()}"
+    assert any("interrupted deploy" in t for t in second.changed_tasks()), second.changed_tasks()
+    assert pid != int(before["MainPID"]) and "RELIABILITY_MARK=a" in environ_of(pid)
+    assert concurrent.rc != 0 and full_match(LOCK_REFUSAL, concurrent.message), concurrent.message
+    assert not lock_held() and after["ActiveState"] == "active"
+
+
+def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
+    """kill -9 of the new engine while the gate measures it: the deploy rolls back."""
+    old_pid = main_pid()
+    crashed: Dict[str, float] = {}
+
+    def crash(handle: RunHandle) -> None:
+        assert wait_for(lambda: main_pid() not in (0, old_pid) and healthy(), 120)
+        crashed["pid"] = main_pid()
+        dexec("kill", "-9", str(crashed["pid"]))
+        crashed["at"] = handle.mark("crash")
+
+    def watch(event: Dict[str, Any], handle: RunHandle) -> None:
+        if task_started(event, "Run the health gate on the host") and "at" not in crashed and "t" not in crashed:
+            crashed["t"] = 1
+            in_background(lambda: crash(handle))
+        if task_started(event, "Roll back to the last-known-good state and fail with one message"):
+            handle.mark("rollback")
+
+    # The failing deploy also rotates the secrets (set 1): the rollback must bring set 0 back.
+    deployer.set_secrets(SECRETS[1])
+    try:
+        run = deployer.run(MARK_B, watch=watch, verbose=True)
+    finally:
+        deployer.set_secrets(SECRETS[0])
+    pid = main_pid()
+    detect = run.marks.get("rollback", 0) - run.marks.get("crash", 0)
+    key_file = sh(f"cat /etc/{UNIT}/api-key.yaml")
+    record("faults", id="crash-during-gate", fault="the engine crashes during the gate",
+           how="a deploy that changes the unit; once the new engine answered /health, kill -9 of its main PID",
+           happened="the engine died while the gate was measuring it",
+           host_did=f"the gate failed {detect:.1f} s after the crash ({gate_reason(run.message)}); the rescue "
+                    "restored the last-known-good unit, secrets and API key file (the run had rotated them), "
+                    "restarted and gated it, and the play failed with one message",
+           message=run.message[:400], recover_s=round(run.duration_s - run.marks.get("crash", 0), 1), rc=run.rc)
+    assert "at" in crashed, "the engine was never killed"
+    assert run.rc != 0 and full_match(BACK_ON_LKG, run.message), run.message
+    assert pid not in (0, crashed["pid"]) and "RELIABILITY_MARK=a" in environ_of(pid), "not back on last-known-good"
+    assert "RELIABILITY_MARK=b" not in sh(f"cat /etc/systemd/system/{UNIT}.service")
+    assert SECRETS[0]["api_key"] in key_file and SECRETS[1]["api_key"] not in key_file, "the key was not rolled back"
+    assert f"HF_TOKEN={SECRETS[0]['hf_token']}" in environ_of(pid)
+    assert healthy() and not lock_held()
+
+
+def test_engine_hangs_without_answering_during_the_nightly_run(deployer: Deployer, nightly_dir: Path) -> None:
+    """SIGSTOP of the engine while the nightly redeploy (tools/nightly-deploy, a no-op) gates it."""
+    stopped: Dict[str, Any] = {}
+    since = sh("date '+%Y-%m-%d %H:%M:%S'").strip()
+    old_pid = main_pid()
+
+    def hang() -> None:
+        # Once the gate's first chat request reached the server, freeze the engine (no crash).
+        if wait_for(lambda: "POST /v1/chat/completions" in sh(
+                f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat", check=False), 300, 0.3):
+            dexec("kill", "-STOP", str(old_pid))
+            stopped["at"] = time.time()
+
+    extra = dict(FAST_GATE, **MARK_A)
+    started = time.time()
+    thread = in_background(hang)
+    nightly = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "nightly-deploy"), "--limit", "rel-molecule", "--inventory",
+         str(deployer.inventory), "--vault-password-file", str(deployer.vault_password), "--artifacts-dir",
+         str(nightly_dir), "--json", "-e", json.dumps(extra)],
+        capture_output=True, text=True, env=deployer.env("default"), timeout=900)
+    ended = time.time()
+    thread.join(5)
+    deployer.outputs.append(("tools/nightly-deploy (stdout, stderr)", nightly.stdout + nightly.stderr))
+    summary = json.loads(nightly.stdout)
+    host = summary["hosts"].get("rel-molecule", {})
+    rollback_at = _first_event_time(nightly_dir, "Roll back to the last-known-good state and fail with one message")
+    pid = main_pid()
+    detect = (rollback_at - stopped["at"]) if rollback_at and "at" in stopped else None
+    reasons = _last_failure(nightly_dir)
+    record("faults", id="hang-during-gate", fault="the engine hangs without answering (no crash)",
+           how="the nightly redeploy (tools/nightly-deploy, nothing to change); once the gate's first chat request "
+               "reached the engine, SIGSTOP of its main PID (alive, port open, silent)",
+           happened="the request got no answer; /health would time out too",
+           host_did=f"the gate failed when the request stayed silent for health_gate_request_timeout_s (20 s here, "
+                    f"300 s by default; {detect if detect is None else round(detect, 1)} s from the freeze to the "
+                    "rollback); the unit was already the last-known-good one and the gate had measured nothing, so "
+                    "the rescue restarted it (systemd sends SIGCONT after SIGTERM) and gated it again; the nightly "
+                    f"run exited {nightly.returncode} with the reason, restarts={host.get('restarts')}",
+           message=reasons[:400], recover_s=round(ended - stopped.get("at", started), 1), rc=nightly.returncode)
+    assert "at" in stopped, "the engine was never stopped"
+    assert nightly.returncode == 1 and summary["status"] == "FAILED", nightly.stdout[-2000:]
+    assert full_match(BACK_ON_LKG, reasons), reasons
+    assert any("Fail with the reason now that the host serves" in r for r in summary.get("reasons") or [])
+    assert pid not in (0, old_pid) and healthy() and not lock_held()
+
+
+def _newest_run_events(artifacts: Path) -> list:
+    """The ansible-runner events of the newest nightly run, in order."""
+    runs = sorted(p for p in artifacts.iterdir() if p.is_dir() and (p / "artifacts").is_dir())
+    paths = (runs[-1] / "artifacts" / "deploy" / "job_events").glob("*.json")
+    return [json.loads(p.read_text()) for p in sorted(paths, key=lambda p: int(p.name.split("-", 1)[0]))]
+
+
+def _last_failure(artifacts: Path) -> str:
+    """The message of the last failed task of the newest nightly run (whitespace-normalised)."""
+    failed = [e for e in _newest_run_events(artifacts) if e.get("event") == "runner_on_failed"
+              and not e.get("event_data", {}).get("ignore_errors")]
+    return " ".join(str(failed[-1]["event_data"]["res"].get("msg", "")).split()) if failed else ""
+
+
+def _first_event_time(artifacts: Path, task: str) -> Optional[float]:
+    """When a task started in the newest nightly run's ansible-runner events (Unix seconds)."""
+    for event in _newest_run_events(artifacts):
+        if event.get("event") == "playbook_on_task_start" and event.get("event_data", {}).get("task", "") == task:
+            return dt.datetime.fromisoformat(event["created"]).replace(tzinfo=dt.timezone.utc).timestamp()
+    return None
+
+
+def test_an_orphan_of_another_owner_holds_the_port(deployer: Deployer) -> None:
+    """A foreign process holds the port when the unit starts: refused and named, never killed."""
+    sh(f"systemctl stop {UNIT}; systemd-run --unit rel-orphan python3 -m http.server {PORT} --bind 127.0.0.1; "
+       "sleep 1")
+    try:
+        started = time.monotonic()
+        start = dexec("systemctl", "start", UNIT, check=False)
+        failed_after = round(time.monotonic() - started, 2)
+        # More tries until StartLimitBurst (3 starts an hour) is hit and systemd refuses further starts.
+        for _ in range(4):
+            limit = unit_props("ActiveState", "Result")
+            if limit["Result"] == "start-limit-hit":
+                break
+            dexec("systemctl", "start", UNIT, check=False)
+        journal = sh(f"journalctl -u {UNIT} -n 20 --no-pager -o cat", check=False)
+        guard = next((line for line in journal.splitlines() if line.startswith("port-guard:")), "")
+        refused = deployer.run(MARK_A)
+        alive = sh("systemctl is-active rel-orphan", check=False).strip()
+    finally:
+        sh("systemctl stop rel-orphan", check=False)
+    recovered = deployer.run(MARK_A)
+    record("faults", id="orphan-foreign", fault="an orphan process of another owner holds the port when the unit starts",
+           how=f"`python3 -m http.server {PORT}` (transient unit rel-orphan) holds the port; `systemctl start "
+               f"{UNIT}`, then a deploy; then the orphan's owner stops it and the deploy runs again",
+           happened="the unit's ExecStartPre port guard found the port taken by a process outside the unit",
+           host_did=f"the unit failed after {failed_after} s without touching the process (journal: '{guard}'); "
+                    f"three tries left it {limit['ActiveState']} ({limit['Result']}); the deploy's preflight refused "
+                    f"too, naming it; the orphan was still {alive}; once its owner stopped it, the next deploy "
+                    "cleared the failed state (reset-failed) and started the server",
+           message=refused.message, recover_s=recovered.duration_s, rc=recovered.rc)
+    assert "is already taken by" in guard and "rel-orphan.service" in guard, journal
+    assert failed_after < 5, start
+    assert (limit["ActiveState"], limit["Result"]) == ("failed", "start-limit-hit"), limit
+    assert refused.rc != 0 and re.search(r"Port 8000 on rel-molecule is already taken by .*http\.server 8000 "
+                                         r"--bind 127\.0\.0\.1 \(pid \d+, unit rel-orphan\.service\)", refused.message)
+    assert alive == "active", "the foreign process must not be killed"
+    assert recovered.rc == 0, recovered.tail()
+    assert healthy() and not lock_held()
+
+
+SQUAT = """import socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", %d))
+s.listen()
+time.sleep(3600)
+""" % PORT
+
+
+def test_a_left_over_of_our_own_unit_holds_the_port() -> None:
+    """A process left in the unit's own control group holds the port: it is ours, so it is stopped."""
+    cgroup = unit_props("ControlGroup")["ControlGroup"]
+    assert cgroup, "the unit is not running"
+    sh(f"systemctl stop {UNIT}")
+    # What systemd finds after an unclean stop (sglang #15165, #23627): a process of the unit's
+    # own cgroup that outlived it and still holds the port. Made by hand: the same cgroup, again.
+    dexec("sh", "-c", "cat > /tmp/rel-squat.py", stdin=SQUAT)
+    pid = sh("python3 /tmp/rel-squat.py >/dev/null 2>&1 </dev/null & echo $!").strip()
+    assert wait_for(lambda: sh(f"grep -c ':{PORT:04X} .* 0A ' /proc/net/tcp || true").strip() not in ("", "0"), 10)
+    sh("for h in systemd unified; do test -d /sys/fs/cgroup/$h || continue; "
+       f"mkdir -p /sys/fs/cgroup/$h{cgroup}; echo {pid} > /sys/fs/cgroup/$h{cgroup}/cgroup.procs; done")
+    started = time.monotonic()
+    dexec("systemctl", "start", UNIT, check=False)
+    assert wait_for(healthy, 120)
+    serving_after = round(time.monotonic() - started, 1)
+    journal = sh(f"journalctl -u {UNIT} -n 40 --no-pager -o cat", check=False)
+    left_over = next((line for line in journal.splitlines() if "left-over process" in line), "")
+    guard = next((line for line in journal.splitlines() if line.startswith("port-guard:")), "")
+    gone = sh(f"test -d /proc/{pid} && echo alive || echo gone").strip()
+    record("faults", id="orphan-own", fault="a left-over process of our own unit holds the port when the unit starts",
+           how="the unit stopped; a process listening on the port moved into the unit's own control group (what "
+               "systemd finds after an unclean stop), then `systemctl start`",
+           happened=f"systemd: '{left_over}'",
+           host_did=f"the port guard stopped it ('{guard}') and the engine started; serving "
+                    f"{serving_after} s after the start",
+           recover_s=serving_after, rc=0)
+    assert "Found left-over process" in left_over, journal
+    assert "a process left over in inference-server.service" in guard, journal
+    assert gone == "gone"
+
+
+def write_shard(path: Path, nbytes: int) -> None:
+    """A safetensors file with one U8 tensor of ``nbytes`` random bytes."""
+    header = json.dumps({"w": {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with path.open("wb") as handle:
+        handle.write(len(header).to_bytes(8, "little") + header)
+        handle.write(os.urandom(nbytes))
+
+
+def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
+    """SIGKILL of the controller's rsync in the middle of a model push; the next run resumes."""
+    src = workdir / "big-model"
+    src.mkdir()
+    shards, size = 4, 24 * 1024 * 1024
+    names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
+    for name in names:
+        write_shard(src / name, size)
+    (src / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": shards * size}, "weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
+    (src / "config.json").write_text(json.dumps({"model_type": "tiny", "architectures": ["Tiny"]}))
+    total = sum(p.stat().st_size for p in src.iterdir())
+    play = workdir / "sync.yml"
+    play.write_text(yaml.safe_dump([{"name": "Sync a model only", "hosts": "rel-molecule", "gather_facts": False,
+                                     "roles": [{"role": "model_sync"}]}]))
+    sync_vars = {"model_sync_root": "/srv/models", "model_sync_name": "rel-big", "model_sync_cli_path": "",
+                 "model_sync_disk_reserve_mib": 16, "model_sync_rsync_opts": ["--bwlimit=12m", "--stats"],
+                 "model_sync_source": {"type": "controller_dir", "path": str(src)}}
+    incoming = "/srv/models/rel-big/.incoming"
+    killed_at: Dict[str, Any] = {}
+
+    def kill_rsync(handle: RunHandle) -> None:
+        assert wait_for(lambda: int(sh(f"du -sb {incoming} 2>/dev/null | cut -f1 || echo 0").strip() or 0)
+                        > total * 0.4, 120, 0.2)
+        victims = [p for p in os.listdir("/proc") if p.isdigit() and _is_our_rsync(int(p), str(src))]
+        for victim in victims:
+            os.kill(int(victim), signal.SIGKILL)
+        killed_at["pids"] = victims
+        killed_at["t"] = handle.mark("rsync-killed")
+
+    def watch(event: Dict[str, Any], handle: RunHandle) -> None:
+        if task_started(event, "Push the model from the controller into the incoming snapshot") and not killed_at:
+            killed_at["started"] = True
+            in_background(lambda: kill_rsync(handle))
+
+    try:
+        first = deployer.run(sync_vars, playbook=str(play), watch=watch, fast_gate=False)
+        kept = int(sh(f"du -sb {incoming} | cut -f1").strip())
+        listing = [line.rsplit(" ", 1) for line in sh(f"cd {incoming} && find . -type f -printf '%P %s\\n'").split("\n")
+                   if line.strip()]
+        partial = sum(int(size) for name, size in listing if name.startswith(".rsync-partial/"))
+        complete = [name for name, size in listing if name.endswith(".safetensors") and "/" not in name]
+        current_before = sh("readlink /srv/models/rel-big/current || true").strip()
+        second = deployer.run(sync_vars, playbook=str(play), fast_gate=False)
+        sent = _literal_bytes(second)
+        current_after = sh("readlink /srv/models/rel-big/current || true").strip()
+    finally:
+        sh("rm -rf /srv/models/rel-big /var/lib/model-sync/*rel-big*", check=False)
+    record("faults", id="rsync-killed", fault="rsync is killed mid-sync",
+           how=f"a {total / 2**20:.0f} MiB model ({shards} shards) pushed at --bwlimit=12m; SIGKILL of the "
+               "controller's rsync once 40 % had landed; then the same sync again",
+           happened=f"the push failed; {kept / 2**20:.1f} MiB of {total / 2**20:.0f} MiB stayed in .incoming: "
+                    f"{len(complete)} complete shard(s) and {partial / 2**20:.1f} MiB of the in-flight one in "
+                    ".rsync-partial; `current` was not created",
+           host_did=f"the rerun sent {sent / 2**20:.1f} MiB ({100 * sent / total:.0f} %) instead of "
+                    f"{total / 2**20:.0f} MiB, verified every file and switched `current`",
+           recover_s=second.duration_s, rc=second.rc, kept_bytes=kept, sent_bytes=sent, total_bytes=total)
+    assert killed_at.get("pids"), "no rsync was killed"
+    assert first.rc != 0 and current_before == ""
+    assert second.rc == 0, second.tail()
+    assert current_after.startswith("revisions/")
+    assert 0 < sent < total, f"the rerun sent {sent} of {total} bytes"
+
+
+def _is_our_rsync(pid: int, src: str) -> bool:
+    """Whether a controller process is the rsync pushing ``src``."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(cmd) and os.path.basename(cmd[0].decode()) == "rsync" and any(src.encode() in c for c in cmd)
+
+
+def _literal_bytes(run: Any) -> int:
+    """'Literal data' of rsync --stats in the push task's result (bytes really sent)."""
+    for event in run.events:
+        if event.get("_event") == "v2_runner_on_ok" and event["task"]["name"].endswith(
+                "Push the model from the controller into the incoming snapshot"):
+            for result in event["hosts"].values():
+                text = str(result.get("msg", "")) + "\n".join(result.get("stdout_lines") or [])
+                found = re.search(r"Literal data: ([\d,]+) bytes", text)
+                if found:
+                    return int(found.group(1).replace(",", ""))
+    raise AssertionError("no rsync --stats in the push's result")

@@ -28,6 +28,7 @@ help: ## list the targets
 
 demo: setup sim-up model ## set up, deploy to the local sim host, print the gate report
 	ansible-playbook deploy.yml -l sim
+	ansible-playbook playbooks/status.yml -l sim
 
 test: setup lint pytest molecule ## every test: lint, pytest, molecule scenarios
 

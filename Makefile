@@ -78,7 +78,7 @@ lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argumen
 	ansible-lint
 	$(VENV)/bin/python tools/check-argument-specs
 
-pytest: setup tools-venv ## unit and integration tests (tests/)
+pytest: setup tools-venv model ## unit and integration tests (tests/)
 	$(VENV)/bin/pytest -q --durations=10 tests
 
 molecule: setup model image-mlenv ## all molecule scenarios

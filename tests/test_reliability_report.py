@@ -58,3 +58,12 @@ def test_a_missing_or_foreign_results_file_is_a_usage_error(tmp_path):
                            "--out", str(tmp_path / "page.md")], capture_output=True, text=True)
     assert proc.returncode == 2 and "run `molecule test -s reliability` first" in proc.stderr
     assert render(tmp_path, results={"schema": 9, "rows": []}).returncode == 2
+
+
+def test_a_files_rule_counts_by_the_tests_verdict(tmp_path):
+    rule = {"table": "files", "path": "unit main process", "expected": "user inference (uid < 1000, nologin)",
+            "found": "user inference (uid 999, shell /usr/sbin/nologin)"}
+    for ok, counted in ((True, 1), (False, 2)):
+        results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok)])
+        assert render(tmp_path, results=results).returncode == 0
+        assert f"7 rows, {counted} of them not as expected" in (tmp_path / "page.md").read_text()

@@ -38,7 +38,8 @@ def test_the_server_runs_as_a_dedicated_non_root_user(host) -> None:
     pid = host.run(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
     runs_as = host.run(f"ps -o user= -p {pid}").stdout.strip()
     record("files", path=f"{UNIT}.service main process", expected="user inference (uid < 1000, nologin)",
-           found=f"user {runs_as} (uid {user.uid}, shell {user.shell})")
+           found=f"user {runs_as} (uid {user.uid}, shell {user.shell})",
+           ok=runs_as == "inference" and 0 < user.uid < 1000 and user.shell == "/usr/sbin/nologin")
     assert host.service(UNIT).is_running
     assert runs_as == "inference" and user.uid != 0 and user.uid < 1000
     assert user.shell == "/usr/sbin/nologin"

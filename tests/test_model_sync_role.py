@@ -26,7 +26,7 @@ from test_model_sync_engine import make_model  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 ROLE = ROOT / "roles/model_sync"
 BIN = Path(sys.executable).parent
-TOKEN = "hf_SECRETtokenDONOTPRINT1234567890"
+TOKEN = "hf_FAKE-test-token-DO-NOT-PRINT-1234"  # not a credential: the hyphens keep it out of token scanners
 CACHE = Path(os.environ.get("DEPLOY_CACHE_DIR") or ROOT / ".cache")
 HUB_PYTHON_CANDIDATES = [CACHE / "venvs/transformers-cpu/bin/python",
                          Path("/work/main/.cache/venvs/transformers-cpu/bin/python")]

@@ -12,9 +12,9 @@ short_description: Record what a converged deploy left on the host, and tell whe
 description:
   - The fast path of a no-op deploy. At the end of a deploy whose roles all ran,
     C(state=recorded) writes a JSON record (root, 0600) of the deploy's input fingerprint
-    and of everything the roles manage on the host, as it is now: the sha256, mode and owner
+    and of everything the roles manage on the host, as it is now (the sha256, mode and owner
     of each file, the target of each link, the size, mtime, mode and owner of each file of a
-    model tree, the distributions installed in each venv, the service accounts.
+    model tree, the distributions installed in each venv, the service accounts).
   - C(state=checked) compares a new fingerprint and the host as it is now with the record,
     in one call and without reading any model weights. It answers C(converged=true) only
     when every input and every managed path is as recorded and the unit is active and
@@ -22,9 +22,9 @@ description:
     removes the stale record (not in check mode), so that a deploy that then changes the
     host and fails cannot leave a record behind that no longer describes it.
   - C(state=absent) removes the record (a rollback, a failed deploy).
-  - Always returns C(changed=false): the record is bookkeeping, not configuration, so a no-op
+  - Always returns C(changed=false); the record is bookkeeping, not configuration, so a no-op
     deploy stays at changed=0.
-  - Secrets never enter the record: the fingerprint holds only sha256 digests, and secret
+  - Secrets never enter the record; the fingerprint holds only sha256 digests, and secret
     files are recorded by their sha256.
 version_added: "1.0.0"
 author:

@@ -20,7 +20,7 @@ description:
     returns C(acquired=false) and the holder, and the role fails with one sentence.
   - C(state=released) removes the lock when this run holds it; a lock held by another run is
     left alone (reported as C(released=false)).
-  - Always returns C(changed=false): a lock is bookkeeping, not configuration, so a no-op
+  - Always returns C(changed=false); a lock is bookkeeping, not configuration, so a no-op
     deploy stays at changed=0. In check mode the lock is read but never written.
 version_added: "1.0.0"
 author:

@@ -167,3 +167,13 @@ def test_wait_ready_returns_once_health_answers_200(tmp_path):
     finally:
         server.kill()
     assert out.returncode == 0 and "ready after" in out.stdout
+
+
+def test_host_facts_tells_what_is_at_each_path_without_following_links(tmp_path):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "dir")
+    paths = [str(tmp_path / name) for name in ("dir", "file", "link", "absent")]
+    argv = [sys.executable, str(HOST_FACTS), "1"] + [arg for path in paths for arg in ("--path", path)]
+    facts = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"]))

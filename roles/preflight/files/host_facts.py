@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Read, in one round trip, the host facts a deploy checks before it changes anything.
 
-``host_facts.py PORT [STATE_FILE]`` prints one JSON object:
+``host_facts.py PORT [STATE_FILE] [--path PATH]...`` prints one JSON object:
 
 * ``glibc``: the C library version (``os.confstr``), e.g. ``"2.36"``;
 * ``gpus``: ``[{"index", "name", "memory_mib"}]`` from ``nvidia-smi`` (``[]`` without it);
@@ -9,7 +9,11 @@
 * ``port``: ``{"listening", "pid", "command", "unit"}``: who listens on PORT, and the
   systemd service unit whose cgroup holds that process (``/proc`` only, no ss/lsof);
 * ``deployed``: the JSON content of STATE_FILE (the last-known-good record of a previous
-  deploy), or ``{}`` when there is none.
+  deploy), or ``{}`` when there is none;
+* ``systemd``: whether the host was booted with systemd (``/run/systemd/system`` exists,
+  the test of ``sd_booted(3)``);
+* ``paths``: for each ``--path``, what is there (not followed): ``absent``, ``link``,
+  ``dir`` or ``file``.
 
 Stdlib only, so it runs with the host's system python3.
 """
@@ -20,6 +24,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -125,15 +130,31 @@ def deployed_state(path: str | None) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
+def path_type(path: str) -> str:
+    """What is at ``path``, not following a link: absent, link, dir or file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return "absent"
+    if stat.S_ISLNK(mode):
+        return "link"
+    return "dir" if stat.S_ISDIR(mode) else "file"
+
+
 def main() -> int:
     """Entry point."""
-    if len(sys.argv) not in (2, 3) or not sys.argv[1].isdigit():
-        print("usage: host_facts.py PORT [STATE_FILE]", file=sys.stderr)
-        return 2
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="host_facts.py")
+    parser.add_argument("port", type=int)
+    parser.add_argument("state_file", nargs="?")
+    parser.add_argument("--path", action="append", default=[], help="report what is at PATH (repeatable)")
+    args = parser.parse_args()
     found, error = gpus()
     print(json.dumps({"glibc": glibc_version(), "gpus": found, "gpu_error": error,
-                      "port": port_owner(int(sys.argv[1])),
-                      "deployed": deployed_state(sys.argv[2] if len(sys.argv) == 3 else None)}))
+                      "port": port_owner(args.port), "deployed": deployed_state(args.state_file),
+                      "systemd": os.path.isdir("/run/systemd/system"),
+                      "paths": {path: path_type(path) for path in args.path}}))
     return 0
 
 

@@ -426,30 +426,65 @@ class Counter:
             self.values[key] = self.values.get(key, 0) + n
 
 
-def sha256_file(path: str, counter: Counter | None = None) -> str:
-    """sha256 of a file, read with a large reused buffer (hashlib releases the GIL)."""
+def sha256_fd(fd: int, mapped: bool = False) -> tuple[str, int]:
+    """sha256 of an open file from its start; returns the hex digest and the bytes hashed.
+
+    ``mapped`` hashes straight from a read-only mapping of the page cache: no copy into a
+    buffer, about a tenth less CPU, which counts when the copy of the next shard wants the
+    same two cores. Only for files this engine wrote and holds under its lock: a file
+    truncated while mapped would kill the process with SIGBUS. Read into a reused buffer
+    otherwise (or if the file cannot be mapped). hashlib releases the GIL either way.
+    """
     import hashlib
 
     h = hashlib.sha256()
+    size = os.fstat(fd).st_size
+    if mapped and size:
+        import mmap
+
+        try:
+            region = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        except (OSError, ValueError):
+            region = None
+        if region is not None:
+            with region:
+                if hasattr(region, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+                    region.madvise(mmap.MADV_SEQUENTIAL)
+                view = memoryview(region)
+                try:
+                    for off in range(0, size, BUF_SIZE):
+                        part = view[off:off + BUF_SIZE]
+                        h.update(part)
+                        part.release()  # the mapping closes only once no view is left
+                finally:
+                    view.release()
+            return h.hexdigest(), size
     buf = bytearray(BUF_SIZE)
     view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY)
     total = 0
+    os.lseek(fd, 0, os.SEEK_SET)
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    while True:
+        n = os.readv(fd, [buf])
+        if not n:
+            break
+        h.update(view[:n])
+        total += n
+    return h.hexdigest(), total
+
+
+def sha256_file(path: str, counter: Counter | None = None) -> str:
+    """sha256 of a file, read with a large reused buffer (see :func:`sha256_fd`)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while True:
-            n = os.readv(fd, [buf])
-            if not n:
-                break
-            h.update(view[:n])
-            total += n
+        digest, total = sha256_fd(fd)
     finally:
         os.close(fd)
     if counter:
         counter.add("bytes_hashed", total)
         counter.add("files_hashed", 1)
-    return h.hexdigest()
+    return digest
 
 
 def _workers(n: int) -> int:
@@ -471,12 +506,65 @@ def hash_many(paths: list[tuple[str, int]], workers: int, counter: Counter) -> d
         return {p: f.result() for p, f in futures.items()}
 
 
+_SYNC_FILE_RANGE: list = []
+
+
+def start_writeback(fd: int) -> None:
+    """Ask the kernel to start writing a file's dirty pages now, without waiting.
+
+    sync_file_range(2) with SYNC_FILE_RANGE_WRITE, through libc: the disk works while the
+    next file is copied and hashed, so the fsync before publishing has little left to wait
+    for. Where libc lacks the call, nothing happens (the fsync still does the work).
+    """
+    if not _SYNC_FILE_RANGE:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            call = libc.sync_file_range
+            call.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+            _SYNC_FILE_RANGE.append(call)
+        except (ImportError, OSError, AttributeError):
+            _SYNC_FILE_RANGE.append(None)
+    call = _SYNC_FILE_RANGE[0]
+    if call is not None:
+        call(fd, 0, 0, 2)  # SYNC_FILE_RANGE_WRITE; a failure only forgoes the head start
+
+
+def fsync_files(paths: list[str], workers: int) -> None:
+    """fsync files, several at once: a revision's bytes are on disk before it is published.
+
+    Without it a power cut soon after ``current`` switched could leave the link pointing at
+    shards whose blocks were never written (delayed allocation keeps them in memory for up
+    to half a minute, and writing back 50 GiB takes longer). A file with no dirty pages
+    costs one cheap system call.
+    """
+    def one(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    if len(paths) <= 1:
+        for path in paths:
+            one(path)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Threads wait on the disk, not the CPU: more of them than CPUs keeps the queue full.
+    with ThreadPoolExecutor(max_workers=min(len(paths), max(4, workers))) as pool:
+        list(pool.map(one, paths))
+
+
 def copy_file(src: str, dst: str, st: os.stat_result, counter: Counter) -> None:
     """Copy ``src`` to ``dst`` inside the kernel (copy_file_range), through a temporary file.
 
     No byte passes through Python: the copy costs what ``cp`` costs. A temporary file left
     by an interrupted copy is continued where it stopped. The source's mtime is kept and
-    rename(2) publishes the file whole.
+    rename(2) publishes the file whole. The disk starts writing the copy at once
+    (:func:`start_writeback`), so the fsync before the revision is published finds little
+    left to do.
     """
     tmp = os.path.join(os.path.dirname(dst), TMP_PREFIX + os.path.basename(dst))
     sfd = os.open(src, os.O_RDONLY)
@@ -517,6 +605,7 @@ def _copy_fd(sfd: int, dfd: int, count: int, counter: Counter) -> None:
             n = os.sendfile(dfd, sfd, None, chunk)
         if n == 0:  # the source shrank under us; verification will notice
             break
+        start_writeback(dfd)  # per chunk: the disk keeps pace and the writer is not throttled
         count -= n
         counter.add("bytes_fetched", n)
 
@@ -803,9 +892,11 @@ class Engine:
             copy_file(os.path.join(src, rel), os.path.join(self.incoming, rel), src_files[rel]["st"], self.counter)
             hashed.append(hashers.submit(self._hash_incoming, rel))
 
+        # At least two copiers: a copy that the kernel holds back (dirty-page throttling,
+        # a full disk queue) leaves its CPU to the other one instead of to nobody.
         order = sorted(pending, key=lambda r: -pending[r]["size"])
         try:
-            with ThreadPoolExecutor(max_workers=max(1, min(self.workers // 2, len(order)))) as copiers:
+            with ThreadPoolExecutor(max_workers=max(1, min(max(2, self.workers // 2), len(order)))) as copiers:
                 list(copiers.map(one, order))
             for fut in hashed:
                 fut.result()
@@ -937,11 +1028,13 @@ class Engine:
             return
         try:
             st = os.fstat(fd)
-            digest = sha256_file(f"/proc/self/fd/{fd}", self.counter) if os.path.isdir("/proc/self/fd") \
-                else sha256_file(path, self.counter)
+            digest, total = sha256_fd(fd, mapped=True)
             after = os.fstat(fd)
+            start_writeback(fd)
         finally:
             os.close(fd)
+        self.counter.add("bytes_hashed", total)
+        self.counter.add("files_hashed", 1)
         if (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
             self.state.store(st, digest)
 
@@ -1160,6 +1253,9 @@ class Engine:
         if self.check:
             return target
         self.makedirs(partial)
+        t0 = _now()
+        fsync_files([os.path.join(self.incoming, rel) for rel in sorted(files)], self.workers)
+        self.timings["fsync_s"] = _now() - t0
         have = scan(partial)
         for rel in sorted(files):
             src = os.path.join(self.incoming, rel)
@@ -1235,6 +1331,7 @@ class Engine:
             self.log(f"repairing {item['path']} in {target}: {item['why']}")
         if self.check:
             return
+        fsync_files([os.path.join(self.incoming, item["path"]) for item in self.plan["repair"]], self.workers)
         for item in self.plan["repair"]:
             dst = os.path.join(target, item["path"])
             self.makedirs(os.path.dirname(dst))

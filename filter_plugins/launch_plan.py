@@ -755,12 +755,53 @@ def _environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str,
     return dict(sorted(env.items()))
 
 
+# SGLang logs its whole ServerArgs at INFO when it starts (``logger.info(f"{server_args=}")``
+# in sglang.srt.entrypoints.engine, the module's only INFO lines), the API key included:
+# seen in the journal of a real SGLang 0.5.11 run (bench/results/gpu_api_key.md). With a key
+# set, the unit points SGLANG_LOGGING_CONFIG_PATH at this dictConfig, which keeps that one
+# logger at WARNING and otherwise logs as SGLang does (less its " TPn" line prefix, which
+# SGLang only adds when it configures logging itself).
+SGLANG_SILENT_LOGGERS = ("sglang.srt.entrypoints.engine", "httpx", "httpcore")
+
+
+def sglang_logging_config(level: str) -> dict[str, Any]:
+    """The dictConfig SGLang loads from SGLANG_LOGGING_CONFIG_PATH: its own format and level,
+    without the logger that prints the server arguments."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"sglang": {"format": "[%(asctime)s] %(message)s", "datefmt": "%Y-%m-%d %H:%M:%S"}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "sglang",
+                                "stream": "ext://sys.stderr"}},
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+        "loggers": {name: {"level": "WARNING"} for name in SGLANG_SILENT_LOGGERS},
+    }
+
+
+def _keep_key_out_of_logs(flags: FlagSet, env: dict[str, str], environment: Mapping[str, Any],
+                          logging_config_file: str | None, notes: list[str]) -> dict[str, Any] | None:
+    """With an API key: the logging configuration (returned) and its variable in ``env``."""
+    if "SGLANG_LOGGING_CONFIG_PATH" in environment:
+        notes.append("SGLANG_LOGGING_CONFIG_PATH comes from inference_server_environment: that configuration "
+                     "must keep the logger sglang.srt.entrypoints.engine at WARNING, or SGLang logs the API key")
+        return None
+    if not logging_config_file:
+        return None
+    level = _argv_values(flags.values["--log-level"])[0] if flags.has("--log-level") else "info"
+    env["SGLANG_LOGGING_CONFIG_PATH"] = logging_config_file
+    notes.append(f"SGLang's start-up dump of its arguments (the API key included) is kept out of the journal: "
+                 f"{logging_config_file} (SGLANG_LOGGING_CONFIG_PATH) logs at {level} without the logger "
+                 "sglang.srt.entrypoints.engine")
+    return sglang_logging_config(level)
+
+
 def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_path: str, host: str,
                 port: int, gpus: Sequence[Mapping[str, Any]] | None, weights_bytes: int | None,
                 settings: Mapping[str, Any], overrides: Mapping[str, Any], environment: Mapping[str, Any],
                 cache_dir: str | None, table: FlagTable, api_key_file: str | None = None,
-                **_: Any) -> dict[str, Any]:
-    """The SGLang plan: entry point, flags, environment and notes."""
+                logging_config_file: str | None = None, **_: Any) -> dict[str, Any]:
+    """The SGLang plan: entry point, flags, environment, notes, and with an API key the
+    logging configuration that keeps it out of the logs (``logging_config``)."""
     notes: list[str] = []
     flags = _sglang_flags(table, facts, settings, model_path, host, port, notes)
     added = _apply_overrides(flags, overrides, PINNED)
@@ -800,11 +841,16 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
         if flags.has(name):
             argv.append(name)
             argv.extend(_argv_values(flags.values[name]))
+    plan: dict[str, Any] = {"argv": argv, "env": env, "notes": notes}
     if api_key_file:
         argv.extend([CONFIG_FLAG, api_key_file])
         notes.append(f"API key (inference_server_api_key) read by SGLang from {api_key_file} ({CONFIG_FLAG}), so it "
                      "is in neither the unit file nor the argv; /health and /metrics stay open, /v1/* needs the key")
-    return {"argv": argv, "env": env, "notes": notes}
+        logging_config = _keep_key_out_of_logs(flags, env, environment, logging_config_file, notes)
+        if logging_config is not None:
+            plan["env"] = dict(sorted(env.items()))
+            plan["logging_config"] = logging_config
+    return plan
 
 
 # --------------------------------------------------------------------------------------
@@ -875,11 +921,14 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
                settings: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
                environment: Mapping[str, Any] | None = None, cache_dir: str | None = None,
                api_key_file: str | None = None, allow_unenforced_api_key: bool = False,
+               logging_config_file: str | None = None,
                table_dir: Path = FLAG_TABLE_DIR) -> dict[str, Any]:
     """Return ``{"argv", "env", "notes"}`` for one host or raise :class:`PlanError`.
 
     ``api_key_file`` is the path of the file holding the API key when one is set (never the
-    key itself: the plan is printed and stored, the key must not be).
+    key itself: the plan is printed and stored, the key must not be). With it and
+    ``logging_config_file``, an SGLang plan also has ``logging_config``: the JSON the role
+    writes to that path so that SGLang does not log the key.
     """
     if engine not in ENGINES:
         raise PlanError(f"inference_server_engine is {engine!r}: use one of {', '.join(ENGINES)}.")
@@ -920,6 +969,7 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
         "environment": dict(environment or {}), "cache_dir": cache_dir,
         "table": table, "api_key_file": api_key_file or None,
         "allow_unenforced_api_key": bool(allow_unenforced_api_key),
+        "logging_config_file": logging_config_file or None,
     }
     if engine == "sglang":
         plan = plan_sglang(facts, gpus=gpus, weights_bytes=weights_bytes, **kwargs)

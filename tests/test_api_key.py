@@ -9,8 +9,12 @@
 * tools/api-key-check (the check for the GPU acceptance run) passes against an enforcing
   server and fails against one that does not enforce, and never prints the key.
 
-SGLang's own enforcement needs a GPU to start: docs/reliability.md gives the check to run
-on the GPU acceptance machine.
+* with a key, SGLang logs through a configuration that keeps its start-up dump of the server
+  arguments (the key among them) out of the journal; SGLang's own ``configure_logger``
+  (real SGLang 0.5.11, the check venv) applies it.
+
+SGLang's own enforcement needs a GPU to start: bench/results/gpu_api_key.md is that run
+(tools/api-key-check against real SGLang started from the keyed plan, and the journal).
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ from launch_plan import PlanError, build_plan
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_gate_support import base_options, fake_server, llm_gate  # noqa: E402,F401 - fixture used by name
 
+pytest_plugins = ["conftest_launch_plan"]
+
 REPO = Path(__file__).resolve().parent.parent
 KEY = "sk-unit-test-key-4f1c9a"
 QWEN = json.loads((REPO / "files/models/qwen3.6-27b.config.json").read_text())
@@ -33,6 +39,7 @@ TINY = json.loads((REPO / "tests/fixtures/tiny-qwen3.5-flat.config.json").read_t
 GPUS = [{"index": i, "name": "NVIDIA RTX A6000", "memory_mib": 49140} for i in range(2)]
 SGLANG = {"tensor_parallel_size": 2, "dtype": "bfloat16", "speculative_algorithm": "NEXTN"}
 KEY_FILE = "/etc/inference-server/api-key.yaml"
+LOG_FILE = "/etc/inference-server/sglang-logging.json"
 
 
 def sglang_plan(**kw):
@@ -58,6 +65,54 @@ def test_sglang_reads_the_key_from_a_file_named_by_config():
     without = sglang_plan()
     assert "--config" not in without["argv"]
     assert plan["argv"][:-2] == without["argv"]
+
+
+def test_with_a_key_sglang_logs_through_a_configuration_without_its_argument_dump():
+    plan = sglang_plan(api_key_file=KEY_FILE, logging_config_file=LOG_FILE)
+    assert plan["env"]["SGLANG_LOGGING_CONFIG_PATH"] == LOG_FILE
+    config = plan["logging_config"]
+    assert config["root"]["level"] == "INFO"
+    assert config["loggers"]["sglang.srt.entrypoints.engine"] == {"level": "WARNING"}
+    assert any(LOG_FILE in note and "API key" in note for note in plan["notes"])
+    debug = sglang_plan(api_key_file=KEY_FILE, logging_config_file=LOG_FILE, overrides={"--log-level": "debug"})
+    assert debug["logging_config"]["root"]["level"] == "DEBUG"
+    for keyless in (sglang_plan(logging_config_file=LOG_FILE), sglang_plan(api_key_file=KEY_FILE)):
+        assert "logging_config" not in keyless and "SGLANG_LOGGING_CONFIG_PATH" not in keyless["env"]
+
+
+def test_an_operators_own_logging_configuration_is_kept_and_named():
+    plan = sglang_plan(api_key_file=KEY_FILE, logging_config_file=LOG_FILE,
+                       environment={"SGLANG_LOGGING_CONFIG_PATH": "/etc/mine.json"})
+    assert plan["env"]["SGLANG_LOGGING_CONFIG_PATH"] == "/etc/mine.json"
+    assert "logging_config" not in plan
+    assert any("sglang.srt.entrypoints.engine" in note and "/etc/mine.json" not in note for note in plan["notes"])
+
+
+def test_sglangs_own_logger_setup_drops_the_argument_dump_and_keeps_the_rest(sglang_check_venv, tmp_path):
+    """SGLang 0.5.11 still dumps its arguments from sglang.srt.entrypoints.engine at INFO, and
+    its configure_logger, given the plan's file, drops exactly that."""
+    engine_py = next((sglang_check_venv / "lib").glob("python3*/site-packages/sglang/srt/entrypoints/engine.py"))
+    source = engine_py.read_text()
+    assert 'logger.info(f"{server_args=}")' in source and "logger = logging.getLogger(__name__)" in source
+    config = tmp_path / "sglang-logging.json"
+    config.write_text(json.dumps(sglang_plan(api_key_file=KEY_FILE, logging_config_file=str(config))["logging_config"]))
+    script = (
+        "import logging, types\n"
+        "from sglang.srt.utils.common import configure_logger\n"
+        "configure_logger(types.SimpleNamespace(log_level='info'))\n"
+        f"logging.getLogger('sglang.srt.entrypoints.engine').info(\"server_args=ServerArgs(api_key='{KEY}')\")\n"
+        "logging.getLogger('sglang.srt.managers.scheduler').info('scheduler line at info')\n"
+        "logging.getLogger('sglang.srt.entrypoints.engine').warning('engine line at warning')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    done = subprocess.run([str(sglang_check_venv / "bin/python"), "-c", script], capture_output=True, text=True,
+                          env={**env, "SGLANG_LOGGING_CONFIG_PATH": str(config)}, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert KEY not in done.stderr + done.stdout
+    assert "scheduler line at info" in done.stderr and "engine line at warning" in done.stderr
+    # Without the configuration SGLang's default setup prints the dump, key and all.
+    bare = subprocess.run([str(sglang_check_venv / "bin/python"), "-c", script], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert KEY in bare.stderr
 
 
 @pytest.mark.parametrize("flag, expected", [

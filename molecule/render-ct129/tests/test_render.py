@@ -11,6 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 UNIT = "inference-server"
+KEY = "render-ct129-not-a-secret"  # converge.yml's inference_server_api_key
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +19,10 @@ def plan() -> dict:
     """The plan printed by tools/launch-plan for ct129 (offline, on the controller)."""
     # molecule's own Ansible settings (its inventory has no ct129) must not leak into the tool.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    out = subprocess.run([str(REPO / "tools/launch-plan"), "ct129", "--json"], capture_output=True, text=True,
+    out = subprocess.run([str(REPO / "tools/launch-plan"), "ct129", "--json", "-e",
+                          json.dumps({"inference_server_api_key": KEY})], capture_output=True, text=True,
                          check=True, cwd=REPO, env=env)
+    assert KEY not in out.stdout
     return json.loads(out.stdout)["plan"]
 
 
@@ -57,3 +60,21 @@ def test_unit_is_loaded_but_not_started(host):
     assert "LoadState=loaded" in state
     assert "ActiveState=inactive" in state
     assert "UnitFileState=disabled" in state
+
+
+def test_the_key_reaches_sglang_through_files_only(host, plan):
+    key_file = host.file(f"/etc/{UNIT}/api-key.yaml")
+    assert key_file.mode == 0o640 and key_file.user == "root"
+    lines = [ln for ln in key_file.content_string.splitlines() if ln and not ln.startswith("#")]
+    assert lines == [f'api-key: "{KEY}"']
+    assert plan["argv"][-2:] == ["--config", f"/etc/{UNIT}/api-key.yaml"]
+    assert KEY not in host.file(f"/etc/systemd/system/{UNIT}.service").content_string
+
+
+def test_sglang_logs_through_the_plans_configuration_without_its_argument_dump(host, plan):
+    config = host.file(f"/etc/{UNIT}/sglang-logging.json")
+    assert config.mode == 0o644 and config.user == "root"
+    assert json.loads(config.content_string) == plan["logging_config"]
+    assert plan["logging_config"]["loggers"]["sglang.srt.entrypoints.engine"]["level"] == "WARNING"
+    assert plan["env"]["SGLANG_LOGGING_CONFIG_PATH"] == config.path
+    assert KEY not in config.content_string

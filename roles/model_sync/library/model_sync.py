@@ -539,22 +539,24 @@ def fsync_files(paths: list[str], workers: int) -> None:
     to half a minute, and writing back 50 GiB takes longer). A file with no dirty pages
     costs one cheap system call.
     """
-    def one(path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     if len(paths) <= 1:
         for path in paths:
-            one(path)
+            fsync_path(path)
         return
     from concurrent.futures import ThreadPoolExecutor
 
     # Threads wait on the disk, not the CPU: more of them than CPUs keeps the queue full.
     with ThreadPoolExecutor(max_workers=min(len(paths), max(4, workers))) as pool:
-        list(pool.map(one, paths))
+        list(pool.map(fsync_path, paths))
+
+
+def fsync_path(path: str) -> None:
+    """fsync a file, or a directory so that renames inside it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def copy_file(src: str, dst: str, st: os.stat_result, counter: Counter) -> None:
@@ -1268,9 +1270,9 @@ class Engine:
         for rel in set(have) - set(files):
             os.unlink(os.path.join(partial, rel))
         self.fix_tree_attrs(partial, {})
-        self._fsync_dir(partial)
+        fsync_path(partial)
         os.rename(partial, target)
-        self._fsync_dir(self.revisions)
+        fsync_path(self.revisions)
         return target
 
     def _link_replace(self, src: str, dst: str) -> None:
@@ -1287,15 +1289,6 @@ class Engine:
 
             shutil.copy2(src, tmp)
         os.replace(tmp, dst)
-
-    @staticmethod
-    def _fsync_dir(path: str) -> None:
-        """fsync a directory so renames inside it are durable."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def _repair(self, target: str, files: dict[str, os.stat_result], hashes: dict[str, str]) -> None:
         """Make an existing revision equal to .incoming; a wrong file is replaced by rename(2)."""
@@ -1372,7 +1365,7 @@ class Engine:
                 pass
             os.symlink(want, tmp)
             os.replace(tmp, link)
-            self._fsync_dir(self.dest)
+            fsync_path(self.dest)
         return result
 
     def prune(self) -> dict:

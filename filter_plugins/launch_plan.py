@@ -786,6 +786,7 @@ def _keep_key_out_of_logs(flags: FlagSet, env: dict[str, str], environment: Mapp
                      "must keep the logger sglang.srt.entrypoints.engine at WARNING, or SGLang logs the API key")
         return None
     if not logging_config_file:
+        notes.append("no logging_config_file: SGLang will log its arguments, the API key included, when it starts")
         return None
     level = _argv_values(flags.values["--log-level"])[0] if flags.has("--log-level") else "info"
     env["SGLANG_LOGGING_CONFIG_PATH"] = logging_config_file

@@ -78,6 +78,7 @@ def test_with_a_key_sglang_logs_through_a_configuration_without_its_argument_dum
     assert debug["logging_config"]["root"]["level"] == "DEBUG"
     for keyless in (sglang_plan(logging_config_file=LOG_FILE), sglang_plan(api_key_file=KEY_FILE)):
         assert "logging_config" not in keyless and "SGLANG_LOGGING_CONFIG_PATH" not in keyless["env"]
+    assert any("will log" in note for note in sglang_plan(api_key_file=KEY_FILE)["notes"])
 
 
 def test_an_operators_own_logging_configuration_is_kept_and_named():

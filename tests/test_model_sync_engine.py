@@ -208,12 +208,14 @@ def test_mapped_and_read_hashing_agree_across_chunk_edges(tmp_path, monkeypatch,
     data = os.urandom(size)
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
+    counter = ms.Counter()
     try:
-        mapped = ms.sha256_fd(fd, mapped=True)
-        read = ms.sha256_fd(fd)  # after the mapped pass: reads from the start again
+        mapped = ms.sha256_fd(fd, mapped=True, counter=counter)
+        read = ms.sha256_fd(fd, counter=counter)  # after the mapped pass: reads from the start again
     finally:
         os.close(fd)
-    assert mapped == read == (hashlib.sha256(data).hexdigest(), size)
+    assert mapped == read == hashlib.sha256(data).hexdigest()
+    assert (counter.values["bytes_hashed"], counter.values["files_hashed"]) == (2 * size, 2)
 
 
 def test_start_writeback_leaves_a_file_intact_and_tolerates_a_libc_without_it(tmp_path, monkeypatch):

@@ -20,7 +20,7 @@ CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
 # The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
-.PHONY: help demo test setup collections image image-mlenv wheelhouse tools-venv model sim-up sim-down \
+.PHONY: help demo test prereqs setup collections image image-mlenv wheelhouse tools-venv model sim-up sim-down \
         lint pytest molecule reliability clean
 
 help: ## list the targets
@@ -32,7 +32,10 @@ demo: setup sim-up model ## set up, deploy to the local sim host, print the gate
 
 test: setup lint pytest molecule ## every test: lint, pytest, molecule scenarios
 
-setup: $(VENV)/.installed collections image wheelhouse ## controller venv, collections, base image, wheelhouse
+setup: prereqs $(VENV)/.installed collections image wheelhouse ## host programs, controller venv, collections, base image, wheelhouse
+
+prereqs: ## docker, debootstrap and rsync (apt, when root) and a running docker daemon
+	tools/host-prereqs
 
 $(VENV)/.installed: requirements/controller.txt
 	$(PYTHON) -m venv $(VENV)

@@ -264,6 +264,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mamba_scheduler_strategy", "str", _SGL, {"sglang": "--mamba-scheduler-strategy"}),
     Setting("mamba_track_interval", "int", _SGL, {"sglang": "--mamba-track-interval"}),
     Setting("gpu_memory_headroom_gib", "float", _SGL, positive=False),
+    Setting("cpu_threads", "int", ("transformers",)),
 )
 SETTING_BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -893,6 +894,13 @@ def plan_transformers(facts: ModelFacts, *, engine_version: str, venv_dir: str, 
     _version_tuple(engine_version)
     env = _cache_env("transformers", cache_dir)
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
+    threads = settings.get("cpu_threads")
+    if threads:
+        # torch sizes its intra-op pool from OMP_NUM_THREADS (MKL's from MKL_NUM_THREADS);
+        # unset, every server takes every core, and several on one machine oversubscribe it.
+        env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
+        notes.append(f"CPU threads per server: {threads} (inference_server_settings.cpu_threads: "
+                     "OMP_NUM_THREADS, MKL_NUM_THREADS)")
     env = _environment(env, environment)
     if facts.mtp_layers:
         notes.append(f"transformers serve ignores the model's MTP head (mtp_num_hidden_layers {facts.mtp_layers}):"

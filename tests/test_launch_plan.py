@@ -404,6 +404,7 @@ def test_transformers_plan_for_the_flat_tiny_model(launch_plan, tiny_config, reh
                             "/srv/models/tiny-qwen3.5/current", "--host", "127.0.0.1", "--port", "8000",
                             "--device", "cpu", "--dtype", "auto"]
     assert plan["env"] == {"HF_HOME": f"{CACHE}/huggingface", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+                           "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
                            "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor", "TRITON_CACHE_DIR": f"{CACHE}/triton",
                            "XDG_CACHE_HOME": CACHE}
     assert ("transformers serve ignores the model's MTP head (mtp_num_hidden_layers 1): no speculative decoding "
@@ -422,7 +423,23 @@ def test_transformers_environment_and_bare_flags(launch_plan, tiny_config, rehea
     assert list(plan["env"]) == sorted(plan["env"])
 
 
+@pytest.mark.parametrize("threads, environment, expected", [
+    (None, {}, None),
+    (3, {}, "3"),
+    (3, {"OMP_NUM_THREADS": 2}, "2"),  # the operator's environment wins
+])
+def test_transformers_cpu_threads(launch_plan, tiny_config, rehearsal_kwargs, threads, environment, expected):
+    kwargs = dict(rehearsal_kwargs, settings={"device": "cpu", "cpu_threads": threads}, environment=environment)
+    plan = launch_plan.build_plan(tiny_config, **kwargs)
+    assert plan["env"].get("OMP_NUM_THREADS") == expected
+    assert plan["env"].get("MKL_NUM_THREADS") == (None if threads is None else str(threads))
+    assert any("cpu_threads" in note for note in plan["notes"]) == (threads is not None)
+
+
 @pytest.mark.parametrize("changes, message", [
+    ({"settings": {"cpu_threads": 0}},
+     "inference_server_settings.cpu_threads is 0, but it must be a positive integer: correct it in the host's "
+     "group_vars or host_vars."),
     ({"settings": {"tensor_parallel_size": 1}},
      "inference_server_settings.tensor_parallel_size does not apply to the transformers engine: remove it from "
      "this host's settings."),

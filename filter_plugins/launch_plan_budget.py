@@ -627,10 +627,10 @@ def _refuse(flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target:
                        else "raise tensor_parallel_size or use GPUs with more memory")
         return " or ".join(options)
 
+    key = ("target_concurrency" if running_src.startswith("the plan") else
+           running_src if flags.has("--max-running-requests") else "inference_server_settings.max_running_requests")
     if not budget.starts:
         left = budget.static_gib - budget.weights_gib
-        key = ("target_concurrency" if running_src.endswith("target_concurrency") else
-               running_src if flags.has("--max-running-requests") else "inference_server_settings.max_running_requests")
         raise PlanError(
             f"the memory budget per GPU cannot start SGLang: with {frac} and {running}, the weights ({gib(budget.weights_gib)}) leave {gib(left)} of the "
             f"{gib(budget.static_gib)} static pools, and the speculative verify buffers for "
@@ -666,7 +666,7 @@ def _refuse(flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target:
     if budget.kv_tokens < min_context:
         raise PlanError(
             f"the memory budget per GPU ({frac}, {running}) leaves a KV cache of {budget.kv_tokens} tokens, less "
-            f"than {min_source} {min_context}: {todo('target_concurrency')} or lower min_context_length.")
+            f"than {min_source} {min_context}: {todo(key)} or lower min_context_length.")
 
 
 def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:

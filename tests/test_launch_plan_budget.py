@@ -300,3 +300,11 @@ def test_tool_prints_the_realsize_budget():
     refused = realsize("-e", json.dumps({"h200_realsize_overrides": {"--mem-fraction-static": 0.45,
                                                                       "--max-running-requests": 48}}))
     assert "Not enough memory" in refused["error"]
+
+
+def test_reliability_page_quotes_the_budget_refusals_as_the_plan_words_them():
+    """docs/reliability.md's hand-written budget table (tools/reliability-report PLAN_ONLY)."""
+    page = (REPO / "docs" / "reliability.md").read_text()
+    for name in ("target-beyond-the-budget", "fraction-leaves-no-room-for-the-draft", "context-beyond-the-kv-cache",
+                 "kv-cache-below-the-least-context"):
+        assert f"`{BUDGET_REFUSALS[name][1]}`" in page, name

@@ -682,7 +682,7 @@ def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:
          f"x {mib:.1f} MiB)", gib(budget.verify_reserved_gib)),
         (f"mamba state slots ({mib:.1f} MiB each: conv {budget.mamba_conv_bytes / MIB:.1f} + SSM "
          f"{budget.mamba_ssm_bytes / MIB:.1f} MiB)", f"{budget.mamba_slots} slots = {gib(budget.mamba_gib)}"),
-        (f"KV cache ({budget.kv_bytes_per_token // 1024} KiB per token, {geo.full_layers} layers)",
+        (f"KV cache ({budget.kv_bytes_per_token / 1024:g} KiB per token, {geo.full_layers} layers)",
          f"{budget.kv_tokens} tokens = {gib(budget.kv_gib)}"),
         (f"running requests ({budget.mamba_slots} slots / {budget.slots_per_request} per request; "
          f"asked {budget.requested_running})", str(budget.max_running)),

@@ -269,7 +269,8 @@ class Launch:
     max_total_tokens: int | None = None
     mamba_full_memory_ratio: float = MAMBA_FULL_MEMORY_RATIO
     kv_bytes: int = 2
-    conv_bytes: int = 2
+    conv_bytes: int = 2  # SGLANG_MAMBA_CONV_DTYPE (bfloat16)
+    ssm_bytes: int | None = None  # SGLANG_MAMBA_SSM_DTYPE; None: the config's mamba_ssm_dtype
 
 
 @dataclass(frozen=True)
@@ -359,13 +360,15 @@ def compute_budget(geo: Geometry, launch: Launch) -> Budget:
     fraction = launch.mem_fraction_static if launch.mem_fraction_static is not None else default
     available = gpu_mib * MIB / GIB - CUDA_CONTEXT_GIB
     mtp = mtp_weight_bytes(geo)
-    rotary = launch_rotary_bytes(geo)
+    rotary = rotary_cache_bytes(geo)
     weights = ((launch.weights_bytes - mtp) / tp + rotary) / GIB
     rest = fraction * available - weights
     draft = launch.draft_tokens or (DEFAULT_DRAFT_TOKENS if algo else 0)
     requested = launch.max_running_requests
     if requested is None and algo is not None:
         requested = SPECULATIVE_MAX_RUNNING
+    if launch.ssm_bytes is not None:
+        geo = dataclasses.replace(geo, ssm_bytes=launch.ssm_bytes)
     conv, ssm = mamba_state_bytes(geo, tp, launch.conv_bytes)
     per_req = (conv + ssm) / GIB
     verify = per_req * (requested or 0) * draft if algo is not None else 0.0
@@ -413,7 +416,7 @@ def compute_budget(geo: Geometry, launch: Launch) -> Budget:
         activations_gib=activations, free_after_pools_gib=free, draft_modelled=nextn or algo in (None, "NGRAM"))
 
 
-def launch_rotary_bytes(geo: Geometry) -> int:
+def rotary_cache_bytes(geo: Geometry) -> int:
     """The rotary embedding's cos/sin cache the target builds beside its weights:
     max_position_embeddings x rotary dims in float32 (layers/rotary_embedding.py
     ``_compute_cos_sin_cache``; one cache, shared through ``get_rope``'s cache)."""
@@ -572,6 +575,7 @@ def launch_from_flags(flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: in
         mamba_full_memory_ratio=num("--mamba-full-memory-ratio", float) or MAMBA_FULL_MEMORY_RATIO,
         kv_bytes=DTYPE_BYTES.get(model_dtype if kv_dtype == "auto" else kv_dtype, 2),
         conv_bytes=DTYPE_BYTES.get(str(env.get("SGLANG_MAMBA_CONV_DTYPE") or "bfloat16"), 2),
+        ssm_bytes=DTYPE_BYTES.get(str(env["SGLANG_MAMBA_SSM_DTYPE"])) if env.get("SGLANG_MAMBA_SSM_DTYPE") else None,
     )
 
 

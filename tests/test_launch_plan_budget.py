@@ -308,3 +308,11 @@ def test_reliability_page_quotes_the_budget_refusals_as_the_plan_words_them():
     for name in ("target-beyond-the-budget", "fraction-leaves-no-room-for-the-draft", "context-beyond-the-kv-cache",
                  "kv-cache-below-the-least-context"):
         assert f"`{BUDGET_REFUSALS[name][1]}`" in page, name
+
+
+def test_a_bf16_ssm_state_halves_the_state_and_gives_more_kv(launch_plan, qwen_config, ct129_kwargs):
+    """SGLANG_MAMBA_SSM_DTYPE (configs/mamba_utils.py mamba2_state_dtype) overrides the config's fp32."""
+    fp32 = launch_plan.build_plan(qwen_config, **ct129_kwargs)["budget"]
+    bf16 = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, environment={"SGLANG_MAMBA_SSM_DTYPE": "bfloat16"}))
+    assert bf16["budget"]["mamba_ssm_bytes"] * 2 == fp32["mamba_ssm_bytes"]
+    assert bf16["budget"]["kv_tokens"] > fp32["kv_tokens"]

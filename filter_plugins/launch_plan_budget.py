@@ -520,6 +520,7 @@ def gpu_rules(flags: Flags, counts: Mapping[str, int], gpus: Sequence[Mapping[st
 
 
 def _or_list(items: Sequence[int]) -> str:
+    """'1, 2 or 4' for the sizes a refusal offers."""
     words = [str(i) for i in items]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 

@@ -316,3 +316,36 @@ def test_a_bf16_ssm_state_halves_the_state_and_gives_more_kv(launch_plan, qwen_c
     bf16 = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, environment={"SGLANG_MAMBA_SSM_DTYPE": "bfloat16"}))
     assert bf16["budget"]["mamba_ssm_bytes"] * 2 == fp32["mamba_ssm_bytes"]
     assert bf16["budget"]["kv_tokens"] > fp32["kv_tokens"]
+
+
+# --------------------------------------------------------------------------------------
+# The real-size GPU run launched from our own plan (bench/realsize, bench/results/realsize.json)
+# --------------------------------------------------------------------------------------
+
+REALSIZE = json.loads((REPO / "bench" / "results" / "realsize.json").read_text())
+REALSIZE_CASES = json.loads((REPO / "bench" / "results" / "realsize_cases.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", REALSIZE_CASES, ids=[c["name"] for c in REALSIZE_CASES])
+def test_plan_reproduces_what_sglang_logged_when_launched_from_it(case):
+    """Each case re-planned now (tools/launch-plan, the role's code path) against SGLang's own
+    start-up figures from the GPU run: within 5 %, and a refusal where SGLang refused."""
+    import yaml
+
+    settings = yaml.safe_load((REPO / "group_vars" / "sglang_servers.yml").read_text())["inference_server_settings"]
+    extra = json.dumps({"inference_server_settings": settings | case["settings"],
+                        "h200_realsize_overrides": case["overrides"]})
+    env = dict(os.environ, DEPLOY_CACHE_DIR=str(REPO / ".cache"))
+    done = subprocess.run([str(REPO / "tools" / "launch-plan"), "h200-realsize", "-i", "inventory/gpu-realsize.yml",
+                           "-e", extra, "--json"], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    ran = next(r for r in REALSIZE["cases"] if r["name"] == case["name"])
+    if not ran["launched"]:
+        assert done.returncode == 1, done.stdout
+        assert "Not enough memory" in json.loads(done.stdout)["error"]
+        assert "Not enough memory" in ran["error"]
+        return
+    assert done.returncode == 0, done.stdout + done.stderr
+    plan = json.loads(done.stdout)["plan"]
+    assert plan["argv"][2:] == ran["argv"][2:]  # the launched argv is still what the plan renders
+    for key in ("kv_tokens", "mamba_slots", "max_running"):
+        assert close(plan["budget"][key], ran["logged"][key]), (key, plan["budget"][key], ran["logged"][key])

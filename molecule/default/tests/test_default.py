@@ -62,7 +62,7 @@ def test_unit_renders_one_flag_per_line_and_the_resolved_paths(host):
     model = host.file("/srv/models/tiny-qwen3.5/current").linked_to
     assert f"ExecStart={venv}/bin/transformers serve {model} \\" in unit
     assert "\n    --port 8000 \\\n" in unit
-    assert "KillMode=control-group" in unit
+    assert "KillMode=mixed" in unit
     assert "Restart=on-failure" in unit
     assert "EnvironmentFile=/etc/inference-server/secrets.env" in unit
 

@@ -50,8 +50,8 @@ def test_unit_carries_the_origin_story_working_flags(host):
                  "--speculative-num-draft-tokens 4 \\", "--mamba-scheduler-strategy extra_buffer",
                  "--tensor-parallel-size 2 \\", "--dtype bfloat16 \\", "--trust-remote-code \\",
                  "--host 0.0.0.0 \\", "--port 30000 \\", "--model-path /root/models/Qwen3.6-27B \\",
-                 'Environment="SGLANG_ENABLE_SPEC_V2=1"', "User=root", "KillMode=control-group",
-                 "TimeoutStartSec=1800"):
+                 'Environment="SGLANG_ENABLE_SPEC_V2=1"', "User=root", "KillMode=mixed",
+                 "TimeoutStartSec=1800", "TimeoutStopSec=150"):
         assert line in unit, line
 
 

@@ -17,6 +17,9 @@ TOOLS_VENV  := $(CACHE)/venvs/transformers-cpu
 WHEELHOUSE  := $(CACHE)/wheelhouse/transformers-cpu
 TINY_MODEL  := $(CACHE)/models/tiny-qwen3.5
 CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
+# The gateway's lock (smg, roles/gateway) and its wheelhouse; the fleet scenario installs it offline.
+GW_LOCK       := roles/ml_env/files/locks/smg-1.13.0.txt
+GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 # The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
@@ -52,10 +55,14 @@ image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenario
 	docker image inspect $(MLENV_IMAGE) >/dev/null 2>&1 || \
 	  ansible-playbook playbooks/bake-sim-image.yml -e bake_image=$(MLENV_IMAGE)
 
-wheelhouse: $(WHEELHOUSE)/.complete ## download the CPU profile's wheels once
+wheelhouse: $(WHEELHOUSE)/.complete $(GW_WHEELHOUSE)/.complete ## download the CPU profile's and the gateway's wheels once
 
 $(WHEELHOUSE)/.complete: $(CPU_LOCK) tools/build-bundle
 	$(PYTHON) tools/build-bundle --lock $(CPU_LOCK) --out $(WHEELHOUSE)
+	touch $@
+
+$(GW_WHEELHOUSE)/.complete: $(GW_LOCK) tools/build-bundle
+	$(PYTHON) tools/build-bundle --lock $(GW_LOCK) --out $(GW_WHEELHOUSE)
 	touch $@
 
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)

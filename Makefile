@@ -17,10 +17,13 @@ TOOLS_VENV  := $(CACHE)/venvs/transformers-cpu
 WHEELHOUSE  := $(CACHE)/wheelhouse/transformers-cpu
 TINY_MODEL  := $(CACHE)/models/tiny-qwen3.5
 CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
+# The gateway's lock (smg, roles/gateway) and its wheelhouse; the fleet scenario installs it offline.
+GW_LOCK       := roles/ml_env/files/locks/smg-1.13.0.txt
+GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 # The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
-.PHONY: help demo test prereqs setup collections image image-mlenv wheelhouse tools-venv model sim-up sim-down \
+.PHONY: help demo test prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down \
         lint pytest molecule reliability clean
 
 help: ## list the targets
@@ -52,13 +55,25 @@ image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenario
 	docker image inspect $(MLENV_IMAGE) >/dev/null 2>&1 || \
 	  ansible-playbook playbooks/bake-sim-image.yml -e bake_image=$(MLENV_IMAGE)
 
-wheelhouse: $(WHEELHOUSE)/.complete ## download the CPU profile's wheels once
+wheelhouse: $(WHEELHOUSE)/.complete $(GW_WHEELHOUSE)/.complete ## download the CPU profile's and the gateway's wheels once
 
 $(WHEELHOUSE)/.complete: $(CPU_LOCK) tools/build-bundle
 	$(PYTHON) tools/build-bundle --lock $(CPU_LOCK) --out $(WHEELHOUSE)
 	touch $@
 
+$(GW_WHEELHOUSE)/.complete: $(GW_LOCK) tools/build-bundle
+	$(PYTHON) tools/build-bundle --lock $(GW_LOCK) --out $(GW_WHEELHOUSE)
+	touch $@
+
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)
+
+GW_VENV := $(CACHE)/venvs/smg
+gateway-venv: $(GW_VENV)/.installed ## controller-side venv of the gateway's lock (tests/test_gateway.py)
+
+$(GW_VENV)/.installed: $(GW_WHEELHOUSE)/.complete
+	$(PYTHON) -m venv $(GW_VENV)
+	$(GW_VENV)/bin/pip install -q --no-index --no-deps --find-links $(GW_WHEELHOUSE) -r $(GW_LOCK)
+	touch $@
 
 $(TOOLS_VENV)/.installed: $(WHEELHOUSE)/.complete
 	$(PYTHON) -m venv $(TOOLS_VENV)
@@ -81,7 +96,7 @@ lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argumen
 	ansible-lint
 	$(VENV)/bin/python tools/check-argument-specs
 
-pytest: setup tools-venv model ## unit and integration tests (tests/)
+pytest: setup tools-venv gateway-venv model ## unit and integration tests (tests/)
 	$(VENV)/bin/pytest -q --durations=10 tests
 
 molecule: setup model image-mlenv ## all molecule scenarios

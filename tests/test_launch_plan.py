@@ -34,6 +34,7 @@ CT129_ARGV = [
     "--context-length", "118784",
     "--mem-fraction-static", "0.717",
     "--max-running-requests", "4",
+    "--enable-metrics",
     "--speculative-algorithm", "NEXTN",
     "--speculative-num-steps", "3",
     "--speculative-eagle-topk", "1",
@@ -111,7 +112,7 @@ def test_every_argv_flag_is_followed_by_its_own_value(launch_plan, qwen_config, 
     plan = launch_plan.build_plan(qwen_config, **ct129_kwargs)
     lines = flag_lines(plan["argv"])
     assert lines[0] == ["/root/ml-env.d/0123456789ab/bin/sglang", "serve"]
-    assert [len(line) for line in lines[1:]] == [2, 2, 2, 2, 2, 1, 2, 2, 2, 2, 2, 2, 2, 2]
+    assert [len(line) for line in lines[1:]] == [2, 2, 2, 2, 2, 1, 2, 2, 2, 1, 2, 2, 2, 2, 2]
 
 
 def test_sglang_before_0_5_5_uses_launch_server(launch_plan, qwen_config, ct129_kwargs):
@@ -122,12 +123,12 @@ def test_sglang_before_0_5_5_uses_launch_server(launch_plan, qwen_config, ct129_
 
 
 def test_overrides_add_replace_and_remove_flags(launch_plan, qwen_config, ct129_kwargs):
-    overrides = {"--mem-fraction-static": 0.75, "--tp-size": 2, "--enable-metrics": True,
+    overrides = {"--mem-fraction-static": 0.75, "--tp-size": 2, "--enable-metrics": None,
                  "--trust-remote-code": None, "--context-length": "64Ki", "--reasoning-parser": "qwen3"}
     plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, overrides=overrides))
     budgeted = ["--context-length", "118784", "--mem-fraction-static", "0.717"]
-    expected = [a for a in CT129_ARGV if a not in ("--trust-remote-code", *budgeted)] + [
-        "--context-length", "64Ki", "--enable-metrics", "--mem-fraction-static", "0.75", "--reasoning-parser", "qwen3"]
+    expected = [a for a in CT129_ARGV if a not in ("--trust-remote-code", "--enable-metrics", *budgeted)] + [
+        "--context-length", "64Ki", "--mem-fraction-static", "0.75", "--reasoning-parser", "qwen3"]
     assert plan["argv"] == expected
 
 

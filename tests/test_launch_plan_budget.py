@@ -326,6 +326,16 @@ REALSIZE = json.loads((REPO / "bench" / "results" / "realsize.json").read_text()
 REALSIZE_CASES = json.loads((REPO / "bench" / "results" / "realsize_cases.json").read_text())["cases"]
 
 
+MEMORY_FLAGS = ("--tensor-parallel-size", "--mem-fraction-static", "--max-running-requests", "--context-length",
+                "--speculative-algorithm", "--speculative-num-draft-tokens", "--mamba-scheduler-strategy",
+                "--load-format", "--chunked-prefill-size", "--cuda-graph-max-bs", "--page-size")
+
+
+def flag_of(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in argv (None when absent)."""
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
 @pytest.mark.parametrize("case", REALSIZE_CASES, ids=[c["name"] for c in REALSIZE_CASES])
 def test_plan_reproduces_what_sglang_logged_when_launched_from_it(case):
     """Each case re-planned now (tools/launch-plan, the role's code path) against SGLang's own
@@ -346,6 +356,8 @@ def test_plan_reproduces_what_sglang_logged_when_launched_from_it(case):
         return
     assert done.returncode == 0, done.stdout + done.stderr
     plan = json.loads(done.stdout)["plan"]
-    assert plan["argv"][2:] == ran["argv"][2:]  # the launched argv is still what the plan renders
+    # The flags that size SGLang's pools are still the ones it was launched with.
+    for flag in MEMORY_FLAGS:
+        assert flag_of(plan["argv"], flag) == flag_of(ran["argv"], flag), flag
     for key in ("kv_tokens", "mamba_slots", "max_running"):
         assert close(plan["budget"][key], ran["logged"][key]), (key, plan["budget"][key], ran["logged"][key])

@@ -67,3 +67,24 @@ def test_a_files_rule_counts_by_the_tests_verdict(tmp_path):
         results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok)])
         assert render(tmp_path, results=results).returncode == 0
         assert f"7 rows, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
+
+
+ROLLING = {"hosts": 3, "requests": 812, "failed": 0, "cut": 0, "p50_s": 0.61, "p99_s": 1.9, "p99_before_s": 0.9,
+           "rollout_s": 250.3, "gateway": "smg 1.13.0", "clients": 4, "restarted_hosts": 3,
+           "bad_change_stopped_at": "molecule-fleet-1", "bad_change_s": 80.2, "measured_at": "2026-12-01T14:00:00Z",
+           "cpus": 2, "phases": {"good_change": {"requests": 500, "failed": 0, "cut": 0},
+                                 "bad_change": {"requests": 200, "failed": 0, "cut": 0}}}
+
+
+def test_the_gateway_rows_carry_the_rolling_figures_and_say_so_when_missing(tmp_path):
+    rolling = tmp_path / "rolling.json"
+    rolling.write_text(json.dumps(ROLLING))
+    assert render(tmp_path, "--rolling", str(rolling)).returncode == 0
+    page = (tmp_path / "page.md").read_text()
+    assert "## Rolling deploys through the gateway" in page
+    assert "| a good change rolled over every host (the drain) |" in page and "| 500 | 0 | 0 |" in page
+    assert "molecule-fleet-1 failed its start" in page and "| 200 | 0 | 0 |" in page
+    assert "| the gateway in front of the fleet |" in page and "| 812 | 0 | 0 |" in page
+    assert "6 rows, 1 of them not as expected" in page
+    assert render(tmp_path, "--rolling", str(tmp_path / "none.json")).returncode == 0
+    assert "Not measured yet" in (tmp_path / "page.md").read_text()

@@ -1,6 +1,7 @@
-"""A fleet of three rehearsal hosts: a good change rolls through all, a bad change stops at
-the first host (rolled back) and never touches the others, a no-op nightly run changes and
-restarts nothing, and drift is put back and reported."""
+"""A fleet of three rehearsal hosts behind SGLang's gateway smg: a good change rolls through
+all under load without a failed or cut request, a bad change stops at the first host (rolled
+back, out of the gateway) and never touches the others, a good deploy puts it back, a no-op
+nightly run changes and restarts nothing, and drift is put back and reported."""
 from __future__ import annotations
 
 import json
@@ -8,11 +9,24 @@ import os
 from pathlib import Path
 
 HOSTS = ["molecule-fleet-1", "molecule-fleet-2", "molecule-fleet-3"]
+GATEWAY = "molecule-fleet-gw"
+KEY = "fleet-rehearsal-control-plane-key-0001"
 
 
 def step(name: str) -> dict:
     """What side_effect.yml recorded for one step: rc, output, per-host [unit sha, start]."""
     return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / f"fleet-{name}.json").read_text())
+
+
+def routable(run: dict) -> set[str]:
+    """Hosts the gateway listed ready and healthy after a step."""
+    return {url.split("//")[1].split(":")[0] for url, status, healthy, _ in run["gateway_workers"]
+            if status == "ready" and healthy}
+
+
+def rolling() -> dict:
+    """bench/rolling_deploy report's figures for the good and the bad change under load."""
+    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "rolling_deploy.json").read_text())
 
 
 def unit_sha(record: dict, host: str) -> str:
@@ -29,6 +43,20 @@ def test_good_change_rolls_through_every_host():
     for host in HOSTS:
         assert unit_sha(run["after"], host) != unit_sha(run["before"], host)
         assert started(run["after"], host) != started(run["before"], host)
+    assert routable(run) == set(HOSTS)
+    output = " ".join(run["output"].split())
+    assert output.count("Take the host out of every gateway") >= 3
+    assert output.count("Wait for the requests in flight on the host to finish") >= 3
+
+
+def test_no_request_through_the_gateway_failed_or_was_cut_while_every_host_restarted():
+    figures = rolling()
+    assert figures["hosts"] == 3 and figures["restarted_hosts"] == 3
+    assert figures["requests"] >= 300, figures
+    assert figures["failed"] == 0, figures["not_ok_examples"]
+    assert figures["cut"] == 0, figures["not_ok_examples"]
+    assert figures["phases"]["good_change"]["requests"] > 0 and figures["phases"]["bad_change"]["requests"] > 0
+    assert figures["gateway"] == "smg 1.13.0"
 
 
 def test_bad_change_stops_at_the_first_host_which_is_back_on_its_previous_state():
@@ -42,6 +70,16 @@ def test_bad_change_stops_at_the_first_host_which_is_back_on_its_previous_state(
     for host in others:
         assert run["after"][host] == run["before"][host], f"{host} was touched"
         assert f"{host} : ok=" not in output.split("PLAY RECAP")[-1]
+    # The failed host stays out of the gateway; the two others keep serving through it.
+    assert routable(run) == set(others)
+
+
+def test_a_good_deploy_puts_the_failed_host_back_and_leaves_the_others_alone():
+    run = step("recover")
+    assert run["rc"] == 0, run["output"][-3000:]
+    assert routable(run) == set(HOSTS)
+    for host in HOSTS[1:]:
+        assert run["after"][host] == run["before"][host], f"{host} was touched"
 
 
 def test_noop_nightly_run_changes_and_restarts_nothing_and_still_measures():
@@ -73,7 +111,25 @@ def test_nightly_run_puts_drift_back_and_reports_it():
 
 
 def test_every_host_serves_the_good_change(host):
+    if host.backend.get_hostname() == GATEWAY:
+        return
     unit = host.file("/etc/systemd/system/inference-server.service").content_string
     assert 'Environment="FLEET_CHANGE=good"' in unit
     assert "no_such_attention" not in unit
     assert host.service("inference-server").is_running
+
+
+def test_the_gateway_runs_with_its_key_in_a_root_only_file_and_nowhere_else(host):
+    if host.backend.get_hostname() != GATEWAY:
+        return
+    assert host.service("smg-gateway").is_running
+    key_file = host.file("/etc/smg-gateway/control-plane.env")
+    assert (key_file.user, key_file.group, key_file.mode) == ("root", "root", 0o600)
+    assert host.file("/etc/smg-gateway").mode == 0o700
+    assert KEY not in host.file("/etc/systemd/system/smg-gateway.service").content_string
+    pid = host.check_output("systemctl show -p MainPID --value smg-gateway")
+    assert KEY not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+    assert host.check_output(f"stat -c %U /proc/{pid}") == "smg"
+    assert KEY not in host.run("journalctl -u smg-gateway --no-pager").stdout
+    # Without the key the control plane refuses; the serving path answers.
+    assert host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:30000/workers')\"").rc != 0

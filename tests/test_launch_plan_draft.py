@@ -185,3 +185,18 @@ def test_bad_drafter_is_refused_with_its_message(launch_plan, qwen_config, dflas
 
 def test_the_draft_module_is_a_filter_plugin_without_filters(launch_plan):
     assert launch_plan.draft.FilterModule().filters() == {}
+
+
+def test_the_reliability_page_quotes_the_plans_own_sentences(launch_plan, qwen_config, dflash_kwargs, drafter):
+    """docs/reliability.md's hand-written drafter rows (tools/reliability-report) are the plan's refusals."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("reliability_report", str(REPO / "tools" / "reliability-report"))
+    spec = importlib.util.spec_from_loader("reliability_report", loader)
+    report = importlib.util.module_from_spec(spec)
+    loader.exec_module(report)
+    refusals = {message for _, _, message in DRAFT_REFUSALS.values()}
+    for row in report.DRAFTER_ROWS:
+        assert row["message"] in refusals, row["case"]
+    assert (REPO / "docs" / "reliability.md").read_text().count("model_sync_draft_source") >= len(report.DRAFTER_ROWS)

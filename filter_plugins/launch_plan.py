@@ -32,6 +32,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -49,8 +50,21 @@ _DRAFT_SPEC = importlib.util.spec_from_file_location("launch_plan_draft", Path(_
 draft = importlib.util.module_from_spec(_DRAFT_SPEC)  # type: ignore[arg-type]
 _DRAFT_SPEC.loader.exec_module(draft)  # type: ignore[union-attr]
 
-GIB = 1024**3
-MIB = 1024**2
+
+def _import_budget() -> Any:
+    """launch_plan_budget.py beside this file, by path: Ansible loads filter plugins under its own
+    module names, so a plain import would not find it (registered once in sys.modules)."""
+    name = "launch_plan_budget"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+budget = _import_budget()
 
 ENGINES = ("sglang", "transformers")
 # `sglang serve` exists since 0.5.5; from 0.5.10 `python -m sglang.launch_server` warns.
@@ -58,10 +72,10 @@ SGLANG_SERVE_SINCE = (0, 5, 5)
 # Algorithms that take --speculative-num-steps/--speculative-eagle-topk/--speculative-num-draft-tokens.
 EAGLE_FAMILY = ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE")
 # SGLang's own choice (auto_choose_speculative_params) for Qwen3.5/3.6 and most models.
-DEFAULT_SPECULATIVE = {"steps": 3, "topk": 1, "draft": 4}
-# GiB per GPU kept free beyond the weights: CUDA context, activations, CUDA graphs,
-# the KV cache and, on hybrid models, the mamba state (about 3 slots per request with
-# extra_buffer). Override with inference_server_settings.gpu_memory_headroom_gib.
+DEFAULT_SPECULATIVE = {"steps": 3, "topk": 1, "draft": budget.DEFAULT_DRAFT_TOKENS}
+# GiB per GPU kept free beyond the weights by the quick fit rule that picks the tensor-parallel
+# size; the memory budget (launch_plan_budget.py) then sizes SGLang's pools term by term.
+# Override with inference_server_settings.gpu_memory_headroom_gib.
 DEFAULT_HEADROOM_GIB = 8.0
 # Flags that have their own role variable; an override would bypass it.
 PINNED = {
@@ -83,8 +97,8 @@ SECRET_FLAGS = {
 CONFIG_FLAG = "--config"
 
 
-class PlanError(ValueError):
-    """A refusal: one sentence that names the variable to change and what to do."""
+# A refusal: one sentence that names the variable to change and what to do (shared with the budget).
+PlanError = budget.PlanError
 
 
 # --------------------------------------------------------------------------------------
@@ -273,6 +287,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("mamba_track_interval", "int", _SGL, {"sglang": "--mamba-track-interval"}),
     Setting("gpu_memory_headroom_gib", "float", _SGL, positive=False),
     Setting("cpu_threads", "int", ("transformers",)),
+    Setting("target_concurrency", "int", _SGL),
+    Setting("min_context_length", "int", _SGL),
 )
 SETTING_BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -499,75 +515,13 @@ def _scalar(value: Any) -> str:
 
 
 def _gpu_rules(flags: FlagSet, facts: ModelFacts, gpus: Sequence[Mapping[str, Any]] | None,
-               weights_bytes: int | None, headroom_gib: float, notes: list[str]) -> None:
-    """Tensor parallelism must divide the heads, fit the GPUs found and their memory."""
-    tp_flag = "--tensor-parallel-size"
-    tp = flags.number(tp_flag)
-    tp_source = flags.source(tp_flag) if flags.has(tp_flag) else "inference_server_settings.tensor_parallel_size"
-    if tp is None:
-        tp = 1
-    elif tp < 1:
-        raise PlanError(f"{tp_source} is {tp}: set it to 1 or more.")
-    if gpus is None:
-        raise PlanError("preflight_gpus is undefined: run the preflight role first "
-                        "(or give offline_plan.gpus in host_vars for an offline plan).")
-    if not gpus:
-        raise PlanError("preflight_gpus is empty (no NVIDIA GPU found on the host), but the sglang engine "
-                        "needs GPUs: fix the driver or put the host in the rehearsal group.")
+               weights_bytes: int | None, headroom_gib: float, notes: list[str]) -> tuple[int, int] | None:
+    """The tensor-parallel and memory-fit rules of launch_plan_budget.gpu_rules, for the model's heads."""
     heads = {"attention heads (num_attention_heads)": facts.attention_heads}
     if facts.hybrid:
         heads["linear-attention key heads (linear_num_key_heads)"] = facts.linear_key_heads
         heads["linear-attention value heads (linear_num_value_heads)"] = facts.linear_value_heads
-    counts: dict[str, int] = {k: v for k, v in heads.items() if v}
-
-    def valid(size: int) -> bool:
-        return all(count % size == 0 for count in counts.values())
-
-    choices = [n for n in range(1, len(gpus) + 1) if valid(n)]
-    if tp > len(gpus):
-        raise PlanError(f"{tp_source} is {tp}, but the host has {len(gpus)} GPU(s): "
-                        f"set it to {_or_list(choices)}.")
-    for what, count in counts.items():
-        if count % tp:
-            raise PlanError(f"{tp_source} is {tp}, which does not divide the model's {count} {what}: "
-                            f"set it to {_or_list(choices)}.")
-    mems = [int(g.get("memory_mib") or 0) * MIB for g in gpus[:tp]]
-    gpu_mem = min(mems)
-    names = sorted({str(g.get("name", "GPU")) for g in gpus[:tp]})
-    if weights_bytes is None:
-        notes.append("weights size unknown (model_sync_weights_bytes): the memory-fit rule was not checked")
-        return
-    per_gpu = weights_bytes / tp
-    headroom = headroom_gib * GIB
-
-    def fits(size: int) -> bool:
-        return weights_bytes / size + headroom <= gpu_mem
-
-    if not fits(tp):
-        bigger = [n for n in choices if n > tp and fits(n)]
-        todo = (f"set it to {bigger[0]}" if bigger else
-                "no tensor-parallel size over the GPUs found fits, so serve a smaller or quantized model "
-                "or add GPUs")
-        raise PlanError(f"{tp_source} is {tp}, but the weights need {_gib(per_gpu)} per GPU plus "
-                        f"{_gib(headroom)} headroom (inference_server_settings.gpu_memory_headroom_gib) "
-                        f"and each GPU has {_gib(gpu_mem)}: {todo}.")
-    frac = flags.number("--mem-fraction-static", float)
-    if frac is not None and per_gpu >= frac * gpu_mem:
-        raise PlanError(f"{flags.source('--mem-fraction-static')} is {frac}, but the weights alone take "
-                        f"{_gib(per_gpu)} of the {_gib(frac * gpu_mem)} it reserves per GPU: raise it or "
-                        "the tensor-parallel size.")
-    divided = ", ".join(f"{count} {what.split(' (')[0]}" for what, count in counts.items())
-    notes.append(f"tensor parallel {tp} of {len(gpus)} GPU(s) ({', '.join(names)}, {_gib(gpu_mem)} each): "
-                 f"divides {divided}; weights {_gib(per_gpu)} per GPU + {_gib(headroom)} headroom fit")
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / GIB:.1f} GiB"
-
-
-def _or_list(items: Sequence[int]) -> str:
-    words = [str(i) for i in items]
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    return budget.gpu_rules(flags, {k: v for k, v in heads.items() if v}, gpus, weights_bytes, headroom_gib, notes)
 
 
 def _nextn_rule(flags: FlagSet, facts: ModelFacts, notes: list[str]) -> None:
@@ -685,8 +639,8 @@ def _mamba_rules(flags: FlagSet, facts: ModelFacts, env: Mapping[str, str], note
     if strategy == "extra_buffer":
         notes.append(f"hybrid model ({facts.linear_layers} of {len(facts.layer_types)} layers linear_attention) "
                      "+ speculative decoding + radix cache: --mamba-scheduler-strategy extra_buffer and "
-                     "SGLANG_ENABLE_SPEC_V2=1 (about 3 mamba state slots per request, so fewer concurrent "
-                     "requests)")
+                     "SGLANG_ENABLE_SPEC_V2=1 (5 mamba state slots per running request with the overlap "
+                     "scheduler: see the memory budget)")
     else:
         notes.append(f"hybrid model + speculative decoding with the radix cache disabled "
                      f"(--mamba-scheduler-strategy {strategy}): no prefix caching")
@@ -718,12 +672,19 @@ def _sglang_flags(table: FlagTable, facts: ModelFacts, settings: Mapping[str, An
             and not settings.get("disable_radix_cache")):
         flags.set("--mamba-scheduler-strategy", "extra_buffer",
                   "the plan (derived from inference_server_settings.speculative_algorithm)")
-    # Keep the speculative trio and mamba flags after the algorithm, in SETTINGS order.
+    _settings_order(flags, [])
+    return flags
+
+
+def _settings_order(flags: FlagSet, added: Sequence[str]) -> None:
+    """Put the plan's flags in SETTINGS order (the speculative trio and mamba flags after the
+    algorithm); flags that overrides added keep their place after them."""
     order = [f for s in SETTINGS for f in [s.flag.get("sglang")] if f]
     head = ["--model-path", "--host", "--port"]
     ranked = head + [f for f in order if f not in head]
-    flags.values = dict(sorted(flags.values.items(), key=lambda kv: ranked.index(kv[0])))
-    return flags
+    flags.values = dict(sorted(flags.values.items(),
+                               key=lambda kv: ranked.index(kv[0]) if kv[0] in ranked and kv[0] not in added
+                               else len(ranked)))
 
 
 def _cache_env(engine: str, cache_dir: str | None) -> dict[str, str]:
@@ -809,10 +770,11 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
                 port: int, gpus: Sequence[Mapping[str, Any]] | None, weights_bytes: int | None,
                 settings: Mapping[str, Any], overrides: Mapping[str, Any], environment: Mapping[str, Any],
                 cache_dir: str | None, table: FlagTable, api_key_file: str | None = None,
-                logging_config_file: str | None = None, drafter: Mapping[str, Any] | None = None,
-                **_: Any) -> dict[str, Any]:
-    """The SGLang plan: entry point, flags, environment, notes, and with an API key the
-    logging configuration that keeps it out of the logs (``logging_config``)."""
+                logging_config_file: str | None = None, model_config: Mapping[str, Any] | None = None,
+                drafter: Mapping[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+    """The SGLang plan: entry point, flags, environment, notes, the memory budget (``budget``, when
+    the weights' size is known) and with an API key the logging configuration that keeps it out of
+    the logs (``logging_config``)."""
     notes: list[str] = []
     flags = _sglang_flags(table, facts, settings, model_path, host, port, notes)
     added = _apply_overrides(flags, overrides, PINNED)
@@ -826,8 +788,8 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
     env = _environment(env, environment)
 
     headroom = settings.get("gpu_memory_headroom_gib")
-    _gpu_rules(flags, facts, gpus, weights_bytes, DEFAULT_HEADROOM_GIB if headroom is None else float(headroom),
-               notes)
+    sized = _gpu_rules(flags, facts, gpus, weights_bytes,
+                       DEFAULT_HEADROOM_GIB if headroom is None else float(headroom), notes)
     context = flags.number("--context-length") if "--context-length" in flags.values else None
     if context is not None and facts.max_positions and context > facts.max_positions \
             and env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") != "1":
@@ -837,6 +799,11 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
     _nextn_rule(flags, facts, notes)
     _mamba_rules(flags, facts, env, notes, table.constants)
     _speculative_rules(flags, notes)
+    memory = None
+    if sized is not None:  # the budget sets --mem-fraction-static, --max-running-requests, --context-length
+        memory = budget.plan_memory(flags, model_config, tp=sized[0], gpu_mib=sized[1], weights_bytes=weights_bytes,
+                                    settings=settings, env=env, notes=notes)
+        _settings_order(flags, added)
 
     version = _version_tuple(engine_version)
     venv = venv_dir.rstrip("/")
@@ -854,6 +821,8 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
             argv.append(name)
             argv.extend(_argv_values(flags.values[name]))
     plan: dict[str, Any] = {"argv": argv, "env": env, "notes": notes}
+    if memory is not None:
+        plan["budget"] = memory
     if api_key_file:
         argv.extend([CONFIG_FLAG, api_key_file])
         notes.append(f"API key (inference_server_api_key) read by SGLang from {api_key_file} ({CONFIG_FLAG}), so it "
@@ -995,7 +964,8 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
     if weights_bytes is not None and draft_path and draft_weights_bytes:  # the drafter shares the GPUs
         kwargs["weights_bytes"] = weights_bytes + int(draft_weights_bytes)
     if engine == "sglang":
-        plan = plan_sglang(facts, gpus=gpus, **{"weights_bytes": weights_bytes, **kwargs})
+        plan = plan_sglang(facts, gpus=gpus, **{"weights_bytes": weights_bytes, "model_config": model_config,
+                                                **kwargs})
     else:
         plan = plan_transformers(facts, **kwargs)
     head = (f"model {facts.architecture} ({facts.model_type}): {facts.num_layers} layers"

@@ -29,6 +29,11 @@ CT129_ARGV = [
     "--tensor-parallel-size", "2",
     "--dtype", "bfloat16",
     "--trust-remote-code",
+    # Set by the memory budget (tests/test_launch_plan_budget.py): the KV cache of 4 running requests
+    # (target_concurrency) holds 119495 tokens per GPU, SGLang's own fraction for a 48 GB GPU.
+    "--context-length", "118784",
+    "--mem-fraction-static", "0.717",
+    "--max-running-requests", "4",
     "--speculative-algorithm", "NEXTN",
     "--speculative-num-steps", "3",
     "--speculative-eagle-topk", "1",
@@ -53,7 +58,7 @@ CT129_ENV = {
 
 def flat(config: dict[str, Any]) -> dict[str, Any]:
     """The same model as a flat config: text_config's keys at the top level."""
-    out = {k: v for k, v in config.items() if k not in ("text_config", "vision_config")}
+    out = {k: v for k, v in config.items() if k != "text_config"}
     out.update(config["text_config"])
     return out
 
@@ -106,7 +111,7 @@ def test_every_argv_flag_is_followed_by_its_own_value(launch_plan, qwen_config, 
     plan = launch_plan.build_plan(qwen_config, **ct129_kwargs)
     lines = flag_lines(plan["argv"])
     assert lines[0] == ["/root/ml-env.d/0123456789ab/bin/sglang", "serve"]
-    assert [len(line) for line in lines[1:]] == [2, 2, 2, 2, 2, 1, 2, 2, 2, 2, 2]
+    assert [len(line) for line in lines[1:]] == [2, 2, 2, 2, 2, 1, 2, 2, 2, 2, 2, 2, 2, 2]
 
 
 def test_sglang_before_0_5_5_uses_launch_server(launch_plan, qwen_config, ct129_kwargs):
@@ -117,11 +122,12 @@ def test_sglang_before_0_5_5_uses_launch_server(launch_plan, qwen_config, ct129_
 
 
 def test_overrides_add_replace_and_remove_flags(launch_plan, qwen_config, ct129_kwargs):
-    overrides = {"--mem-fraction-static": 0.88, "--tp-size": 2, "--enable-metrics": True,
-                 "--trust-remote-code": None, "--context-length": "64k", "--reasoning-parser": "qwen3"}
+    overrides = {"--mem-fraction-static": 0.75, "--tp-size": 2, "--enable-metrics": True,
+                 "--trust-remote-code": None, "--context-length": "64Ki", "--reasoning-parser": "qwen3"}
     plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, overrides=overrides))
-    expected = [a for a in CT129_ARGV if a != "--trust-remote-code"] + [
-        "--context-length", "64k", "--enable-metrics", "--mem-fraction-static", "0.88", "--reasoning-parser", "qwen3"]
+    budgeted = ["--context-length", "118784", "--mem-fraction-static", "0.717"]
+    expected = [a for a in CT129_ARGV if a not in ("--trust-remote-code", *budgeted)] + [
+        "--context-length", "64Ki", "--enable-metrics", "--mem-fraction-static", "0.75", "--reasoning-parser", "qwen3"]
     assert plan["argv"] == expected
 
 
@@ -154,7 +160,7 @@ def test_disable_radix_cache_setting_keeps_no_buffer(launch_plan, qwen_config, c
 def test_non_hybrid_model_gets_no_mamba_flags(launch_plan, qwen_config, ct129_kwargs):
     config = copy.deepcopy(qwen_config)
     config["text_config"]["layer_types"] = ["full_attention"] * 64
-    plan = launch_plan.build_plan(config, **ct129_kwargs)
+    plan = launch_plan.build_plan(config, **settings_with(ct129_kwargs, min_context_length=32768))
     assert "--mamba-scheduler-strategy" not in plan["argv"]
     assert "SGLANG_ENABLE_SPEC_V2" not in plan["env"]
 
@@ -320,7 +326,8 @@ REFUSALS = {
         "dtype, trust_remote_code, context_length, mem_fraction_static, max_running_requests, page_size, "
         "served_model_name, enable_metrics, disable_radix_cache, speculative_algorithm, speculative_num_steps, "
         "speculative_eagle_topk, speculative_num_draft_tokens, mamba_scheduler_strategy, mamba_track_interval, "
-        "gpu_memory_headroom_gib, or pass the engine flag through inference_server_overrides."),
+        "gpu_memory_headroom_gib, target_concurrency, min_context_length, or pass the engine flag through "
+        "inference_server_overrides."),
     "wrongly-typed-setting": (
         None, {"settings": {"tensor_parallel_size": "2"}},
         "inference_server_settings.tensor_parallel_size is '2', but it must be a positive integer: correct it in "

@@ -40,9 +40,9 @@ def argv_value(argv: list[str], flag: str) -> str:
 def test_dflash_plan_pins_the_drafter_and_its_block_size(launch_plan, qwen_config, dflash_kwargs):
     plan = launch_plan.build_plan(qwen_config, **dflash_kwargs)
     argv = plan["argv"]
-    i = argv.index("--speculative-algorithm")
-    assert argv[i:i + 6] == ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", DRAFT_DIR,
-                             "--speculative-num-draft-tokens", "16"]
+    assert argv_value(argv, "--speculative-algorithm") == "DFLASH"
+    assert argv_value(argv, "--speculative-draft-model-path") == DRAFT_DIR
+    assert argv_value(argv, "--speculative-num-draft-tokens") == "16"
     # Hybrid target + speculative + radix cache: extra_buffer, as for NEXTN.
     assert argv_value(argv, "--mamba-scheduler-strategy") == "extra_buffer"
     assert plan["env"]["SGLANG_ENABLE_SPEC_V2"] == "1"
@@ -200,3 +200,25 @@ def test_the_reliability_page_quotes_the_plans_own_sentences(launch_plan, qwen_c
     for row in report.DRAFTER_ROWS:
         assert row["message"] in refusals, row["case"]
     assert (REPO / "docs" / "reliability.md").read_text().count("model_sync_draft_source") >= len(report.DRAFTER_ROWS)
+
+
+def test_the_memory_budget_takes_dflash_verify_intermediates_per_block(launch_plan, qwen_config, drafter):
+    """One H200, the real target, DFLASH with 4 running requests: SGLang logged 'intermediates 11.25 GB for
+    4 requests x 16 tokens' (../shared/facts/sglang-real-size.md). The budget reads the drafter's block size
+    from the --speculative-num-draft-tokens the drafter rules set."""
+    gib = 1024**3
+    kwargs = {"engine": "sglang", "engine_version": "0.5.11", "venv_dir": "/v", "model_path": "/m",
+              "host": "127.0.0.1", "port": 30000, "gpus": [{"index": 0, "name": "NVIDIA H200", "memory_mib": 143771}],
+              "weights_bytes": 55566139392,
+              "settings": {"tensor_parallel_size": 1, "dtype": "bfloat16", "trust_remote_code": True,
+                           "speculative_algorithm": "DFLASH"},
+              "overrides": {"--max-running-requests": 4, "--attention-backend": "flashinfer",
+                            "--cuda-graph-max-bs": 32, "--chunked-prefill-size": 4096},
+              "draft_config": drafter, "draft_path": DRAFT_DIR}
+    plan = launch_plan.build_plan(qwen_config, **kwargs)
+    memory = plan["budget"]
+    assert memory["draft_tokens"] == 16 and memory["max_running"] == 4
+    intermediate_ssm = memory["mamba_ssm_bytes"] * (memory["max_running"] + 1) * memory["draft_tokens"] / gib
+    assert abs(intermediate_ssm - 11.25) <= 0.05 * 11.25, intermediate_ssm
+    # Four times NEXTN's 4 draft tokens per request: the same budget holds far fewer requests.
+    assert memory["verify_reserved_gib"] == pytest.approx(4 * 16 * memory["mamba_ssm_bytes"] / gib, rel=0.05)

@@ -222,3 +222,25 @@ def test_the_memory_budget_takes_dflash_verify_intermediates_per_block(launch_pl
     assert abs(intermediate_ssm - 11.25) <= 0.05 * 11.25, intermediate_ssm
     # Four times NEXTN's 4 draft tokens per request: the same budget holds far fewer requests.
     assert memory["verify_reserved_gib"] == pytest.approx(4 * 16 * memory["mamba_ssm_bytes"] / gib, rel=0.05)
+
+
+def test_the_tiny_dflash_drafter_fits_the_rehearsal_model(launch_plan, tiny_config):
+    """tools/make-tiny-model --dflash-drafter: a drafter the DFLASH rules accept for the tiny target."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("make_tiny_model", str(REPO / "tools" / "make-tiny-model"))
+    spec = importlib.util.spec_from_loader("make_tiny_model", loader)
+    tool = importlib.util.module_from_spec(spec)
+    loader.exec_module(tool)
+    ids = {"<|im_end|>": 2, "<|endoftext|>": 0}
+    drafter = tool.drafter_config(ids)
+    assert drafter["architectures"] == ["DFlashDraftModel"]
+    assert drafter["hidden_size"] == tool.text_config(ids)["hidden_size"] == tiny_config["hidden_size"]
+    plan = launch_plan.build_plan(tiny_config, engine="sglang", engine_version="0.5.11", venv_dir="/v",
+                                  model_path="/m", host="127.0.0.1", port=30000,
+                                  gpus=[{"index": 0, "name": "GPU", "memory_mib": 81559}],
+                                  settings={"speculative_algorithm": "DFLASH"}, draft_config=drafter,
+                                  draft_path="/srv/models/tiny-dflash/current")
+    assert argv_value(plan["argv"], "--speculative-num-draft-tokens") == "16"
+    assert tool.text_config(ids, 32)["layer_types"].count("full_attention") == 8

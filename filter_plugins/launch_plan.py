@@ -43,6 +43,12 @@ except ImportError:  # pragma: no cover - exercised only without ansible-core
     AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
 
 FLAG_TABLE_DIR = Path(__file__).resolve().parent / "launch_plan_flags"
+# The drafter's rules (DFLASH, EAGLE, ...) live beside this file; Ansible loads filter plugins
+# under its own names, so it is loaded by path.
+_DRAFT_SPEC = importlib.util.spec_from_file_location("launch_plan_draft", Path(__file__).resolve().parent
+                                                     / "launch_plan_draft.py")
+draft = importlib.util.module_from_spec(_DRAFT_SPEC)  # type: ignore[arg-type]
+_DRAFT_SPEC.loader.exec_module(draft)  # type: ignore[union-attr]
 
 
 def _import_budget() -> Any:
@@ -76,6 +82,7 @@ PINNED = {
     "--model-path": "model_sync_model_dir (the synced model)",
     "--host": "inference_server_host",
     "--port": "inference_server_port",
+    **draft.PINNED_DRAFT,
 }
 # Flags that carry a secret: in an override they would land in the unit file (0644) and in
 # the process's argv (/proc/<pid>/cmdline, readable by every user). The API key goes
@@ -524,7 +531,7 @@ def _nextn_rule(flags: FlagSet, facts: ModelFacts, notes: list[str]) -> None:
             raise PlanError(f"{flags.source('--speculative-algorithm')} is NEXTN, which drafts with the model's "
                             f"own MTP head, but {facts.architecture} has mtp_num_hidden_layers "
                             f"{facts.mtp_layers} in config.json: set speculative_algorithm to null, or to EAGLE "
-                            "with --speculative-draft-model-path in inference_server_overrides.")
+                            "or DFLASH with a drafter in model_sync_draft_source.")
         notes.append(f"NEXTN drafts with the model's own MTP head (mtp_num_hidden_layers {facts.mtp_layers}); "
                      "SGLang reports it as EAGLE")
 
@@ -764,7 +771,7 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
                 settings: Mapping[str, Any], overrides: Mapping[str, Any], environment: Mapping[str, Any],
                 cache_dir: str | None, table: FlagTable, api_key_file: str | None = None,
                 logging_config_file: str | None = None, model_config: Mapping[str, Any] | None = None,
-                **_: Any) -> dict[str, Any]:
+                drafter: Mapping[str, Any] | None = None, **_: Any) -> dict[str, Any]:
     """The SGLang plan: entry point, flags, environment, notes, the memory budget (``budget``, when
     the weights' size is known) and with an API key the logging configuration that keeps it out of
     the logs (``logging_config``)."""
@@ -772,6 +779,7 @@ def plan_sglang(facts: ModelFacts, *, engine_version: str, venv_dir: str, model_
     flags = _sglang_flags(table, facts, settings, model_path, host, port, notes)
     added = _apply_overrides(flags, overrides, PINNED)
     _check_values(flags)
+    draft.apply_draft(flags, notes=notes, error=PlanError, **(drafter or {}))
     speculative = flags.get("--speculative-algorithm") is not None
     env = dict(_cache_env("sglang", cache_dir))
     env.update({"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"})
@@ -901,7 +909,8 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
                settings: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
                environment: Mapping[str, Any] | None = None, cache_dir: str | None = None,
                api_key_file: str | None = None, allow_unenforced_api_key: bool = False,
-               logging_config_file: str | None = None,
+               logging_config_file: str | None = None, draft_config: Mapping[str, Any] | None = None,
+               draft_path: str | None = None, draft_weights_bytes: int | None = None,
                table_dir: Path = FLAG_TABLE_DIR) -> dict[str, Any]:
     """Return ``{"argv", "env", "notes"}`` for one host or raise :class:`PlanError`.
 
@@ -950,9 +959,13 @@ def build_plan(model_config: Mapping[str, Any], *, engine: str, engine_version: 
         "table": table, "api_key_file": api_key_file or None,
         "allow_unenforced_api_key": bool(allow_unenforced_api_key),
         "logging_config_file": logging_config_file or None,
+        "drafter": {"model_config": model_config, "draft_config": draft_config, "draft_path": draft_path or None},
     }
+    if weights_bytes is not None and draft_path and draft_weights_bytes:  # the drafter shares the GPUs
+        kwargs["weights_bytes"] = weights_bytes + int(draft_weights_bytes)
     if engine == "sglang":
-        plan = plan_sglang(facts, gpus=gpus, weights_bytes=weights_bytes, model_config=model_config, **kwargs)
+        plan = plan_sglang(facts, gpus=gpus, **{"weights_bytes": weights_bytes, "model_config": model_config,
+                                                **kwargs})
     else:
         plan = plan_transformers(facts, **kwargs)
     head = (f"model {facts.architecture} ({facts.model_type}): {facts.num_layers} layers"

@@ -195,8 +195,7 @@ REFUSALS = {
         no_mtp, {},
         "inference_server_settings.speculative_algorithm is NEXTN, which drafts with the model's own MTP head, "
         "but Qwen3_5ForConditionalGeneration has mtp_num_hidden_layers 0 in config.json: set "
-        "speculative_algorithm to null, or to EAGLE with --speculative-draft-model-path in "
-        "inference_server_overrides."),
+        "speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in model_sync_draft_source."),
     "tp1-does-not-fit-48gb": (
         None, {"settings": {"tensor_parallel_size": 1}},
         "inference_server_settings.tensor_parallel_size is 1, but the weights need 51.8 GiB per GPU plus 8.0 GiB "

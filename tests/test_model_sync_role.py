@@ -169,3 +169,57 @@ def test_hub_failure_is_one_sentence_and_never_shows_the_token(tmp_path, ansible
                  if p.is_file() and p.name != "vars.json" and TOKEN.encode() in p.read_bytes()]
     assert leftovers == [], "the token was written to a file"
     shutil.rmtree(tmp_path / "models", ignore_errors=True)
+
+
+def deploy_task(name: str) -> dict:
+    """A task of deploy.yml's main block, by name (its vars are what a deploy passes)."""
+    play = yaml.safe_load((ROOT / "deploy.yml").read_text())[0]
+    block = next(t for t in play["tasks"] if t.get("name") == "Deploy while holding the lock")["block"]
+    return next(t for t in block if t.get("name") == name)
+
+
+def test_the_drafter_is_a_second_artifact_of_the_same_tasks(tmp_path, ansible_ok):
+    """deploy.yml's drafter run (its own vars), then the model's: two artifacts, each facts of its own."""
+    drafter_run = deploy_task("Sync and verify the drafter")
+    assert drafter_run["ansible.builtin.include_role"] == {"name": "model_sync"}
+    target, drafter = make_model(tmp_path / "target"), make_model(tmp_path / "drafter", seed=7)
+    (drafter / "config.json").write_text(json.dumps({"model_type": "tiny-drafter", "hidden_size": 8}))
+    play = [{"name": "Sync the drafter and the model as deploy.yml does", "hosts": "localhost", "gather_facts": False,
+             "tasks": [
+                 {"name": "Check the drafter", "ansible.builtin.include_role": {"name": "model_sync",
+                                                                              "tasks_from": "preflight.yml"},
+                  "vars": deploy_task("Check the drafter's inputs before anything changes")["vars"]},
+                 {"name": "Check the model", "ansible.builtin.include_role": {"name": "model_sync",
+                                                                            "tasks_from": "preflight.yml"}},
+                 {"name": "Sync the drafter", "ansible.builtin.include_role": {"name": "model_sync"},
+                  "vars": drafter_run["vars"]},
+                 {"name": "Sync the model", "ansible.builtin.include_role": {"name": "model_sync"}},
+                 {"name": "Show the facts", "ansible.builtin.debug": {"msg": {
+                     "dir": "{{ model_sync_model_dir }}", "type": "{{ model_sync_config.model_type }}",
+                     "draft_dir": "{{ model_sync_draft_model_dir }}", "draft_rev": "{{ model_sync_draft_revision }}",
+                     "draft_type": "{{ model_sync_draft_config.model_type }}",
+                     "draft_bytes": "{{ model_sync_draft_weights_bytes }}",
+                     "source_config": "{{ model_sync_source_config.model_type | default('') }}",
+                     "draft_source_config": "{{ model_sync_draft_source_config.model_type | default('') }}"}}}]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    variables = {"model_sync_root": str(tmp_path / "models"), "model_sync_name": "m",
+                 "model_sync_state_dir": str(tmp_path / "state"), "model_sync_cli_path": "",
+                 "model_sync_disk_reserve_mib": 0,
+                 "model_sync_source": {"type": "controller_dir", "path": str(target)},
+                 "model_sync_draft_source": {"type": "controller_dir", "path": str(drafter), "revision": "d1"},
+                 "model_sync_draft_name": "m-drafter"}
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+               ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
+                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    f = json.loads(proc.stdout)["plays"][0]["tasks"][-1]["hosts"]["localhost"]["msg"]
+    assert f["type"] == "tiny" and f["source_config"] == "tiny"
+    assert f["draft_type"] == "tiny-drafter" and f["draft_source_config"] == "tiny-drafter"
+    assert f["draft_dir"] == str(tmp_path / "models/m-drafter/revisions/d1") and f["draft_rev"] == "d1"
+    assert f["dir"].startswith(str(tmp_path / "models/m/revisions/")) and int(f["draft_bytes"]) > 0
+    assert os.readlink(tmp_path / "models/m-drafter/current") == "revisions/d1"
+    assert os.readlink(tmp_path / "models/m/current") == "revisions/" + Path(f["dir"]).name

@@ -163,6 +163,82 @@ def test_missing_executable_is_refused(sglang_check_venv, run_check, plan_for, t
 
 
 # --------------------------------------------------------------------------------------
+# DFLASH: the drafter beside the real target (files/models/dflash-drafter-27b.config.json,
+# a drafter config SGLang 0.5.11 served with Qwen3.6-27B's real config on one H200)
+# --------------------------------------------------------------------------------------
+
+DRAFTER_CONFIG = REPO / "files" / "models" / "dflash-drafter-27b.config.json"
+
+
+@pytest.fixture()
+def dflash_plan(plan_for, model_dir, ct129_kwargs):
+    """ct129's plan with DFLASH and the drafter in a directory of its own."""
+
+    def make(venv: Path, **settings: Any) -> dict[str, Any]:
+        drafter = json.loads(DRAFTER_CONFIG.read_text())
+        base = {k: v for k, v in ct129_kwargs["settings"].items() if not k.startswith("speculative_")}
+        return plan_for(venv, settings=dict(base, speculative_algorithm="DFLASH", **settings), draft_config=drafter,
+                        draft_path=str(model_dir(drafter)))
+
+    return make
+
+
+def test_dflash_plan_with_no_buffer_passes_sglangs_whole_validation(sglang_check_venv, run_check, dflash_plan):
+    """Without extra_buffer nothing stops SGLang's check on CPU: it runs DFLASH's own handling."""
+    plan = dflash_plan(sglang_check_venv, disable_radix_cache=True)
+    rc, result = run_check(sglang_check_venv, "sglang", plan["argv"], env=plan["env"])
+    assert rc == 0, result
+    resolved = result["resolved"]
+    assert resolved["speculative_algorithm"] == "DFLASH"
+    assert resolved["speculative_num_draft_tokens"] == 16
+    assert (resolved["speculative_num_steps"], resolved["speculative_eagle_topk"]) == (1, 1)
+    # SGLang turns the overlap scheduler off itself: the plan does not need the flag.
+    assert resolved["disable_overlap_schedule"] is True and "--disable-overlap-schedule" not in plan["argv"]
+    assert resolved["mamba_scheduler_strategy"] == "no_buffer" and resolved["disable_radix_cache"] is True
+
+
+def test_sglang_takes_the_draft_tokens_from_the_drafters_block_size(sglang_check_venv, run_check, dflash_plan):
+    """The plan's --speculative-num-draft-tokens 16 is what SGLang reads from the drafter itself."""
+    plan = dflash_plan(sglang_check_venv, disable_radix_cache=True)
+    argv = list(plan["argv"])
+    i = argv.index("--speculative-num-draft-tokens")
+    del argv[i:i + 2]
+    rc, result = run_check(sglang_check_venv, "sglang", argv, env=plan["env"])
+    assert rc == 0, result
+    assert result["resolved"]["speculative_num_draft_tokens"] == 16
+
+
+def test_dflash_with_extra_buffer_passes_up_to_the_gpu_stop(sglang_check_venv, run_check, dflash_plan):
+    plan = dflash_plan(sglang_check_venv)
+    argv = plan["argv"]
+    assert argv[argv.index("--mamba-scheduler-strategy") + 1] == "extra_buffer"
+    rc, result = run_check(sglang_check_venv, "sglang", plan["argv"], env=plan["env"])
+    assert rc == 3, result
+    assert result["error"] == GPU_ONLY_ERROR
+
+
+def test_dflash_without_a_drafter_makes_sglang_raise_and_the_plan_refuses_first(sglang_check_venv, run_check,
+                                                                                dflash_plan, launch_plan):
+    plan = dflash_plan(sglang_check_venv, disable_radix_cache=True)
+    argv = list(plan["argv"])
+    i = argv.index("--speculative-draft-model-path")
+    del argv[i:i + 2]
+    rc, result = run_check(sglang_check_venv, "sglang", argv, env=plan["env"])
+    assert rc == 1
+    assert result["message"] == "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path."
+    with pytest.raises(launch_plan.PlanError, match="which drafts with a separate model, but no drafter is synced"):
+        _refuse_without_drafter(launch_plan)
+
+
+def _refuse_without_drafter(launch_plan) -> None:
+    """The DFLASH settings without a drafter, through the plan."""
+    launch_plan.build_plan(json.loads(QWEN_CONFIG.read_text()), engine="sglang", engine_version="0.5.11",
+                           venv_dir="/v", model_path="/m", host="0.0.0.0", port=30000,
+                           gpus=[{"index": 0, "name": "GPU", "memory_mib": 143771}] * 2,
+                           settings={"tensor_parallel_size": 2, "speculative_algorithm": "DFLASH"})
+
+
+# --------------------------------------------------------------------------------------
 # transformers serve
 # --------------------------------------------------------------------------------------
 

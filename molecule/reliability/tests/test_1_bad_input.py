@@ -127,8 +127,7 @@ def cases(work: Path) -> list[Case]:
              "`rel-gpu` with 2 stand-in GPUs; Qwen3.6-27B's config.json with `mtp_num_hidden_layers: 0`",
              r"inference_server_settings\.speculative_algorithm is NEXTN, which drafts with the model's own MTP "
              r"head, but Qwen3_5ForConditionalGeneration has mtp_num_hidden_layers 0 in config\.json: set "
-             r"speculative_algorithm to null, or to EAGLE with --speculative-draft-model-path in "
-             r"inference_server_overrides\.",
+             r"speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in model_sync_draft_source\.",
              extra={**gpu_vars, "model_sync_source": {"type": "host_path", "path": "/root/models/no-mtp"}},
              limit="rel-gpu", setup=fake_gpus(2), teardown=no_gpus),
         Case("radix-extra-buffer", "`--disable-radix-cache` with extra_buffer",

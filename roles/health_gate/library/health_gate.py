@@ -33,7 +33,8 @@ description:
     C(meta_info.spec_accept_length))."
   - "B(Verdict): mean decode tok/s >= O(min_decode_tps), TTFT p95 <= O(max_ttft_s),
     accept length >= O(min_accept_length) (only when the engine reports one). A threshold
-    of 0 disables its check."
+    of 0 disables its check. With O(baseline) and O(max_regression_pct), the same figures
+    must also be within that many percent of the last-known-good's (the relative gate)."
   - "B(Report): a JSON report (also for a failed gate) is written to O(report_dir) as
     C(<UTC timestamp>.json) plus C(latest.json); the history is pruned to O(keep_reports).
     The module always returns C(changed=false): reports are logs, not configuration."
@@ -128,6 +129,24 @@ options:
       - 0 disables the check.
     type: float
     default: 0
+  baseline:
+    description:
+      - "The last-known-good's gate figures, for the relative gate: C(decode_tps_mean), C(ttft_p95_s),
+        C(accept_length), the C(unit_sha256) they were measured on and the measurement (C(requests),
+        C(concurrency), C(max_tokens), C(prompts)); what the role records in last-known-good."
+      - Compared only when O(max_regression_pct) is above 0, the unit differs from the baseline's
+        (C(metadata.unit_sha256)) and the measurement is the same; the report says why not otherwise.
+    type: dict
+  max_regression_pct:
+    description:
+      - Fail when decode tok/s or the accept length is lower, or TTFT p95 higher, than the
+        O(baseline)'s by more than this many percent. 0 disables the relative gate.
+    type: float
+    default: 0
+  regression_min_ttft_delta_s:
+    description: A TTFT p95 above the baseline's by more than O(max_regression_pct) also needs to be above it by more than these seconds to fail.
+    type: float
+    default: 0.1
   journal_max_lines:
     description: Cap on the journal lines quoted as evidence (the last lines are kept; the message says when capped).
     type: int
@@ -277,6 +296,9 @@ def argument_spec():
         min_decode_tps=dict(type="float", default=DEFAULTS["min_decode_tps"]),
         max_ttft_s=dict(type="float", default=DEFAULTS["max_ttft_s"]),
         min_accept_length=dict(type="float", default=DEFAULTS["min_accept_length"]),
+        baseline=dict(type="dict"),
+        max_regression_pct=dict(type="float", default=DEFAULTS["max_regression_pct"]),
+        regression_min_ttft_delta_s=dict(type="float", default=DEFAULTS["regression_min_ttft_delta_s"]),
         journal_max_lines=dict(type="int", default=DEFAULTS["journal_max_lines"]),
         journal_max_bytes=dict(type="int", default=DEFAULTS["journal_max_bytes"]),
         report_dir=dict(type="path"),

@@ -82,6 +82,9 @@ DEFAULTS: Dict[str, Any] = {
     "min_decode_tps": 0.0,
     "max_ttft_s": 0.0,
     "min_accept_length": 0.0,
+    "baseline": None,
+    "max_regression_pct": 0.0,
+    "regression_min_ttft_delta_s": 0.1,
     "allow_prior_restarts": False,
     "journal_max_lines": 3000,
     "journal_max_bytes": 512 * 1024,
@@ -256,10 +259,19 @@ def validate_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
         if value is not None and value < low:
             why = " (decode speed needs at least 2 tokens)" if key == "max_tokens" else ""
             errors.append("%s must be at least %d, got %d%s" % (key, low, value, why))
-    for key in ("min_decode_tps", "max_ttft_s", "min_accept_length"):
+    for key in ("min_decode_tps", "max_ttft_s", "min_accept_length", "max_regression_pct",
+                "regression_min_ttft_delta_s"):
         value = _number(cfg, key, errors)
         if value is not None and value < 0:
             errors.append("%s must be 0 (no check) or positive, got %s" % (key, value))
+    baseline = cfg.get("baseline")
+    if baseline is not None and not isinstance(baseline, dict):
+        errors.append("baseline must be a mapping of the last-known-good's figures")
+    elif baseline:
+        for key in BASELINE_FIGURES:
+            if baseline.get(key) is not None and (isinstance(baseline[key], bool)
+                                                  or not isinstance(baseline[key], (int, float))):
+                errors.append("baseline.%s must be a number, got %r" % (key, baseline[key]))
     if cfg.get("pid") is not None:
         pid = _number(cfg, "pid", errors, integer=True)
         if pid is not None and pid <= 0:
@@ -1430,6 +1442,78 @@ def evaluate(
     return checks, reasons
 
 
+# The figures a baseline (the last-known-good's gate) carries, and whether lower is worse.
+BASELINE_FIGURES = {"decode_tps_mean": True, "ttft_p95_s": False, "accept_length": True}
+# What must be equal for two gates to be compared: the same measurement on the same prompts.
+BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts")
+
+
+def baseline_of(report: Dict[str, Any]) -> Dict[str, Any]:
+    """What a passing report leaves for the next deploy's relative gate (last-known-good)."""
+    agg = report.get("aggregate") or {}
+    settings = report.get("settings") or {}
+    return {
+        "unit_sha256": (report.get("metadata") or {}).get("unit_sha256"),
+        "decode_tps_mean": agg.get("decode_tps_mean"),
+        "ttft_p95_s": agg.get("ttft_p95_s"),
+        "accept_length": (report.get("speculative") or {}).get("accept_length"),
+        "timestamp": report.get("timestamp"),
+        **{key: settings.get(key) for key in BASELINE_SETTINGS},
+    }
+
+
+def compare_baseline(
+    agg: Dict[str, Any], accept: Dict[str, Any], cfg: Dict[str, Any]
+) -> Tuple[List[Dict[str, Any]], List[str], Optional[str]]:
+    """The relative gate: (checks, failure reasons, note) against ``cfg["baseline"]``.
+
+    Compared only when there is a baseline, ``max_regression_pct`` is above 0, the unit is
+    not the baseline's own (same unit sha256: nothing changed, so nothing to compare) and
+    the measurement is the same (requests, concurrency, max_tokens, prompts). A figure fails
+    when it is worse than the baseline's by more than ``max_regression_pct`` percent; TTFT
+    also needs to be worse by more than ``regression_min_ttft_delta_s`` seconds (a few tens
+    of milliseconds of jitter are most of a small TTFT).
+    """
+    baseline = cfg.get("baseline") or {}
+    pct = float(cfg.get("max_regression_pct") or 0)
+    if not baseline or pct <= 0:
+        return [], [], None
+    unit = (cfg.get("metadata") or {}).get("unit_sha256")
+    if unit and baseline.get("unit_sha256") == unit:
+        return [], [], "not compared with the last-known-good: the unit is the last-known-good one"
+    ours = {"requests": cfg["requests"], "concurrency": cfg["concurrency"], "max_tokens": cfg["max_tokens"],
+            "prompts": [p["id"] for p in cfg["prompts"]]}
+    differs = [key for key in BASELINE_SETTINGS if baseline.get(key) is not None and baseline.get(key) != ours[key]]
+    if differs:
+        return [], [], ("not compared with the last-known-good: it was measured with another %s"
+                        % ", ".join(differs))
+    current = {"decode_tps_mean": agg.get("decode_tps_mean"), "ttft_p95_s": agg.get("ttft_p95_s"),
+               "accept_length": accept.get("value")}
+    labels = {"decode_tps_mean": ("decode", " tok/s", 1), "ttft_p95_s": ("TTFT %s" % TTFT_STATISTIC, " s", 2),
+              "accept_length": ("accept length", "", 2)}
+    checks: List[Dict[str, Any]] = []
+    reasons: List[str] = []
+    for key, lower_is_worse in BASELINE_FIGURES.items():
+        base, value = baseline.get(key), current[key]
+        if base is None or value is None or base <= 0:
+            continue
+        change = 100.0 * (value - base) / base
+        worse = -change if lower_is_worse else change
+        limit = base * (1 - pct / 100.0) if lower_is_worse else base * (1 + pct / 100.0)
+        ok = worse <= pct
+        if key == "ttft_p95_s" and not ok and value - base <= float(cfg.get("regression_min_ttft_delta_s") or 0):
+            ok = True
+        checks.append({"name": key.replace("_mean", "").replace("_p95_s", "") + "_vs_last_known_good",
+                       "value": value, "baseline": base, "change_pct": round(change, 2),
+                       "op": ">=" if lower_is_worse else "<=", "limit": round(limit, 4), "ok": ok})
+        if not ok:
+            what, unit_label, digits = labels[key]
+            reasons.append("%s %s%s is %.1f %% %s the last-known-good's %s%s (max_regression_pct %g)" % (
+                what, _fmt(value, digits), unit_label, abs(change), "below" if lower_is_worse else "above",
+                _fmt(base, digits), unit_label, pct))
+    return checks, reasons, None
+
+
 def summary_line(report: Dict[str, Any]) -> str:
     """One line for the play output, e.g.
     ``gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), 8 requests``.
@@ -1446,6 +1530,10 @@ def summary_line(report: Dict[str, Any]) -> str:
     accept = (report.get("speculative") or {}).get("accept_length")
     if accept is not None or th.get("min_accept_length"):
         parts.append("accept %s (min %s)" % (_fmt(accept, 2), _limit(th.get("min_accept_length", 0))))
+    relative = [c for c in report.get("checks") or [] if c["name"].endswith("_vs_last_known_good")]
+    if relative:
+        parts.append("vs last-known-good %s" % ", ".join(
+            "%s %+.1f %%" % (c["name"].split("_vs_")[0], c["change_pct"]) for c in relative))
     line = "gate %s: %s, %d requests" % (verdict, ", ".join(parts), agg.get("requests", 0))
     if not report.get("passed"):
         line += " - " + "; ".join(report.get("reasons") or [])
@@ -1523,6 +1611,7 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
             "ttft_statistic": TTFT_STATISTIC,
             "min_accept_length": cfg["min_accept_length"],
             "decode_statistic": "mean",
+            "max_regression_pct": cfg["max_regression_pct"],
         },
         "readiness": None,
         "server": None,
@@ -1660,6 +1749,13 @@ def run_gate(options: Dict[str, Any], progress: Optional[Callable[[str], None]] 
         monitor.check()
         report["phase"] = "evaluate"
         report["checks"], report["reasons"] = evaluate(agg, accept, cfg)
+        relative, worse, note = compare_baseline(agg, accept, cfg)
+        report["checks"] += relative
+        report["reasons"] += worse
+        if cfg.get("baseline"):
+            report["baseline"] = dict(cfg["baseline"], compared=bool(relative), note=note)
+        if note:
+            report["notes"].append(note)
         report["passed"] = not report["reasons"]
         report["phase"] = "done"
     except GateFailure as exc:

@@ -1,0 +1,73 @@
+"""Filters of playbooks/bakeoff.yml: the figures of a gate report, and the bake-off table.
+
+    {{ report | bakeoff_figures }}             -> {decode_tps_mean, ttft_p95_s, accept_length, total_tps, ...}
+    {{ table | bakeoff_markdown }}             -> the Markdown table of a bake-off
+
+Standard library only.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+
+def bakeoff_figures(report: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The figures a bake-off compares, from one health-gate report ({} when there is none)."""
+    if not report:
+        return {}
+    agg = report.get("aggregate") or {}
+    settings = report.get("settings") or {}
+    return {
+        "passed": bool(report.get("passed")),
+        "decode_tps_mean": agg.get("decode_tps_mean"),
+        "ttft_p95_s": agg.get("ttft_p95_s"),
+        "total_tps": agg.get("total_tps"),
+        "accept_length": (report.get("speculative") or {}).get("accept_length"),
+        "requests": agg.get("requests"),
+        "concurrency": settings.get("concurrency"),
+        "summary": report.get("summary"),
+        "timestamp": report.get("timestamp"),
+        "unit_sha256": (report.get("metadata") or {}).get("unit_sha256"),
+    }
+
+
+def _num(value: Any, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def bakeoff_markdown(table: Mapping[str, Any]) -> str:
+    """The bake-off table as Markdown: one row per candidate, the incumbent first, then the decision."""
+    rows = table.get("rows") or []
+    conc = table.get("concurrency")
+    lines = [
+        f"# Bake-off on {table.get('host')} ({table.get('finished')})",
+        "",
+        f"Same prompts for every row: single-stream, then {conc} at a time. The winner must beat the "
+        f"last-known-good's single-stream decode tok/s by more than {table.get('margin_pct')} %.",
+        "",
+        f"| candidate | passed | decode tok/s (1) | TTFT p95 s (1) | accept length | decode tok/s ({conc}) | "
+        f"total tok/s ({conc}) | TTFT p95 s ({conc}) | vs last-known-good |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    base = (rows[0].get("single") or {}).get("decode_tps_mean") if rows else None
+    for row in rows:
+        one, many = row.get("single") or {}, row.get("concurrent") or {}
+        tps = one.get("decode_tps_mean")
+        versus = "-" if row.get("incumbent") or not base or tps is None else f"{100 * (tps - base) / base:+.1f} %"
+        name = f"{row['name']} (incumbent)" if row.get("incumbent") else row["name"]
+        lines.append(f"| {name} | {'yes' if row.get('passed') else 'no'} | {_num(tps, 1)} | "
+                     f"{_num(one.get('ttft_p95_s'), 3)} | {_num(one.get('accept_length'), 2)} | "
+                     f"{_num(many.get('decode_tps_mean'), 1)} | {_num(many.get('total_tps'), 1)} | "
+                     f"{_num(many.get('ttft_p95_s'), 3)} | {versus} |")
+    failed = [row for row in rows if row.get("failure")]
+    if failed:
+        lines += ["", "Failures:", ""] + [f"- {row['name']}: {row['failure']}" for row in failed]
+    lines += ["", f"Decision: {table.get('decision')}", ""]
+    return "\n".join(lines)
+
+
+class FilterModule:
+    """Filters of the bake-off playbook."""
+
+    def filters(self) -> dict[str, Callable[..., Any]]:
+        """Map filter names to functions."""
+        return {"bakeoff_figures": bakeoff_figures, "bakeoff_markdown": bakeoff_markdown}

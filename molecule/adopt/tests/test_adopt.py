@@ -40,6 +40,23 @@ def test_origin_is_a_server_started_by_hand():
     assert found["env_masked"]["HF_TOKEN"] == "***" and found["env_masked"]["OMP_NUM_THREADS"] == "1"
 
 
+def test_plain_deploy_refuses_the_host_and_says_how_to_adopt():
+    run = step("plain")
+    assert run["rc"] != 0
+    out = " ".join(run["output"].split())
+    assert re.search(r"Port 30000 on molecule-adopt is already taken by /root/ml-env/bin/python /root/ml-env/bin/transformers "
+                     r"serve .*\(pid \d+, not a systemd service\); stop that process or set inference_server_port to a "
+                     r"free port, or take that server over without a gap with deploy_adopt=true", out)
+    assert run["owner"]["pid"] == origin()["pid"]
+
+
+def test_check_mode_finds_the_server_by_hand_and_leaves_it_serving():
+    run = step("check")
+    assert run["rc"] == 0, run["output"][-3000:]
+    assert "server by hand: pid" in run["output"]
+    assert run["owner"]["pid"] == origin()["pid"] and run["owner"]["unit"] is None
+
+
 def test_b_failed_switch_fails_with_one_message_and_the_server_by_hand_serves_again():
     run = step("b")
     assert run["rc"] != 0

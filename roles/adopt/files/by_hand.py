@@ -5,7 +5,7 @@ Stdlib only (runs with the host's system python3). Subcommands, each printing on
 
 ``inspect PORT UNIT``
     The process listening on PORT outside the systemd unit UNIT: its main process (the
-    top-most ancestor running the same executable), argv, working directory, user and
+    top-most ancestor that holds the listening socket too), argv, working directory, user and
     group, where its stdout and stderr go, the venv it runs from (``<venv>/bin/...`` in its
     argv with a ``pyvenv.cfg``), the model directory (the first argument that is a directory
     holding ``config.json``) and the *names* of its environment variables. Values never
@@ -103,15 +103,26 @@ def exe(pid: int) -> str:
         return ""
 
 
-def main_process(pid: int) -> int:
-    """The top-most ancestor of ``pid`` that runs the same executable (engine workers fork)."""
+def holds_socket(pid: int, inodes: set[str]) -> bool:
+    """Whether ``pid`` holds one of the socket ``inodes``."""
+    wanted = {f"socket:[{i}]" for i in inodes}
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") in wanted for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def main_process(pid: int, port: int) -> int:
+    """The top-most ancestor of ``pid`` that holds the listening socket too (a pre-fork server's
+    master), else ``pid`` itself: the process a graceful stop signals."""
+    inodes = listening_inodes(port)
     current = pid
     while True:
         try:
             parent = int(stat_fields(current)[1])
         except OSError:
             return current
-        if parent <= 1 or not exe(parent) or exe(parent) != exe(current):
+        if parent <= 1 or not holds_socket(parent, inodes):
             return current
         current = parent
 
@@ -184,7 +195,7 @@ def inspect(port: int, unit: str) -> dict[str, object]:
     owner_unit = unit_of(pid)
     if owner_unit == f"{unit}.service":
         return {"found": False, "listening": True, "reason": f"held by {owner_unit}", "unit": owner_unit}
-    main = main_process(pid)
+    main = main_process(pid, port)
     st = os.stat(f"/proc/{main}")
     argv = argv_of(main)
     cwd = os.readlink(f"/proc/{main}/cwd")
@@ -310,7 +321,15 @@ def restore(directory: str, unit: str, venv_link: str) -> dict[str, object]:
     show = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", f"{unit}.service"],
                           capture_output=True, text=True, check=False)
     pid = int(show.stdout.strip() or 0)
-    started_argv = argv_of(pid) if pid else []
+    started_argv: list[str] = []
+    for _ in range(40):  # systemd-run returns after the fork; the exec follows at once
+        try:
+            started_argv = argv_of(pid) if pid else []
+        except OSError:
+            break
+        if started_argv == state["argv"]:
+            break
+        time.sleep(0.05)
     done.update(changed=True, started=True, pid=pid, unit=f"{unit}.service",
                 same_argv=started_argv == state["argv"], argv=mask_argv(started_argv))
     return done
@@ -342,15 +361,21 @@ def switch(state_file: str, pid: int, start: int, port: int, timeout: float, mov
     began = time.monotonic()
     killed = False
     if same_process(pid, start):
-        family = [(p, start_ticks(p)) for p in descendants(pid) if os.path.exists(f"/proc/{p}")]
+        family = []
+        for child in descendants(pid):
+            try:
+                family.append((child, start_ticks(child)))
+            except OSError:
+                continue
         os.kill(pid, signal.SIGTERM)
         deadline = began + timeout
+        # In-flight requests finish, then the main process exits, its workers follow and the
+        # port is free; whatever is still there at the deadline is killed.
         while time.monotonic() < deadline:
-            if not same_process(pid, start) and not listening_inodes(port):
+            alive = [p for p, ticks in [(pid, start)] + family if same_process(p, ticks)]
+            if not alive and not listening_inodes(port):
                 break
             time.sleep(0.05)
-        else:
-            killed = True
         for child, ticks in [(pid, start)] + family:
             if same_process(child, ticks):
                 killed = True

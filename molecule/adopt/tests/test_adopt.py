@@ -14,8 +14,10 @@ ADOPT_DIR = f"/var/lib/{UNIT}-deploy/adopt"
 
 
 def step(name: str) -> dict:
-    """Exit code, output and port owner of one step of converge.yml."""
-    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / f"adopt-{name}.json").read_text())
+    """Exit code, output (colours removed) and port owner of one step of converge.yml."""
+    found = json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / f"adopt-{name}.json").read_text())
+    found["output"] = re.sub(r"\x1b\[[0-9;]*m", "", found["output"])
+    return found
 
 
 def origin() -> dict:
@@ -124,6 +126,7 @@ def test_last_known_good_is_ours_after_the_adoption(host):
 
 
 def test_status_shows_before_and_after():
-    text = " ".join((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "adopt-status.txt").read_text().split())
+    text = (Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "adopt-status.txt").read_text()
+    text = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", text).split())
     assert "adopted from a server run by hand: before (by hand, pid" in text
     assert "after (ours) gate PASS" in text and "hand-built venv kept at /root/ml-env.by-hand-" in text

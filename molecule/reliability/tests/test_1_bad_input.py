@@ -74,7 +74,8 @@ def cases(work: Path) -> list[Case]:
              f"`-e inference_server_port={SQUAT_PORT}`",
              rf"Port {SQUAT_PORT} on rel-molecule is already taken by \S*python3 -m http\.server {SQUAT_PORT} "
              rf"--bind 127\.0\.0\.1 \(pid \d+, unit rel-squatter\.service\); stop that process or set "
-             r"inference_server_port to a free port\.",
+             r"inference_server_port to a free port, or take that server over without a gap with deploy_adopt=true "
+             r"\(README: Adopting a host that runs by hand\)\.",
              extra={"inference_server_port": SQUAT_PORT}),
         Case("glibc", "glibc older than the engine's wheels need",
              "the CPU lock with its header saying `# platform: manylinux_2_99_x86_64` (`-e ml_env_lock_dir=...`); "

@@ -173,7 +173,8 @@ def test_hub_failure_is_one_sentence_and_never_shows_the_token(tmp_path, ansible
 
 def deploy_task(name: str) -> dict:
     """A task of deploy.yml's main block, by name (its vars are what a deploy passes)."""
-    play = yaml.safe_load((ROOT / "deploy.yml").read_text())[0]
+    play = next(p for p in yaml.safe_load((ROOT / "deploy.yml").read_text())
+                if p.get("name") == "Deploy the LLM inference server")
     block = next(t for t in play["tasks"] if t.get("name") == "Deploy while holding the lock")["block"]
     return next(t for t in block if t.get("name") == name)
 

@@ -9,14 +9,14 @@ description:
   - Run on the serving host after the gateway stopped routing to it. Polls until the
     server's in-flight count has read 0 on C(settle) consecutive polls, or C(timeout_s) passed.
   - C(source=metrics) sums the named gauges of the server's Prometheus C(/metrics) (SGLang
-    with C(--enable-metrics): C(sglang:num_running_reqs) and C(sglang:num_queue_reqs)).
+    with C(--enable-metrics), that is C(sglang:num_running_reqs) and C(sglang:num_queue_reqs)).
   - C(source=connections) counts established TCP connections to the server's port, from
-    C(/proc/net/tcp) and C(/proc/net/tcp6) of the host's network namespace: a streaming
+    C(/proc/net/tcp) and C(/proc/net/tcp6) of the host's network namespace; a streaming
     request holds its connection until the last token (the engine-neutral signal for
     engines without metrics, such as C(transformers serve)). The gateway closes idle pooled
     connections after a few seconds, so 0 means no request of the gateway is left.
   - Never reports a change. On timeout it returns C(timed_out=true) (the caller warns and
-    goes on: the wait is bounded), unless C(fail_on_timeout).
+    goes on; the wait is bounded), unless C(fail_on_timeout).
 options:
   source:
     description: Where the in-flight count comes from.

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-FAKE_TOKEN = "hf_adoptFAKEtoken0123456789abcdef"
+FAKE_TOKEN = "hf_FAKE-adopt-token-not-a-real-one"
 UNIT = "inference-server"
 ADOPT_DIR = f"/var/lib/{UNIT}-deploy/adopt"
 

@@ -74,18 +74,13 @@ class GateConfig:
 
     def settings(self) -> dict[str, Any]:
         """How the gate measures, as the report shows it (no secrets)."""
-        return {
-            "warmup_requests": self.warmup_requests,
-            "requests": self.requests,
-            "concurrency": self.concurrency,
-            "max_tokens": self.max_tokens,
-            "temperature": 0,
-            "request_timeout_s": self.request_timeout_s,
-            "ready_timeout_s": self.ready_timeout_s,
-            "poll_interval_s": self.poll_interval_s,
-            "prompts": self.prompt_ids,
-            "api_key_set": bool(self.api_key),
-        }
+        shown = {name: getattr(self, name) for name in ("warmup_requests", "requests", "concurrency", "max_tokens")}
+        shown["temperature"] = 0
+        shown.update(
+            {name: getattr(self, name) for name in ("request_timeout_s", "ready_timeout_s", "poll_interval_s")}
+        )
+        shown.update(prompts=self.prompt_ids, api_key_set=bool(self.api_key))
+        return shown
 
     def thresholds(self) -> dict[str, Any]:
         """The absolute and relative limits, as the report shows them."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ from test_gate_support import ROLE, llm_gate  # noqa: E402
 
 def result(index, ttft, token_times, completion_tokens, t0=0.0):
     """A RequestResult built the way stream_chat builds it."""
-    r = llm_gate.RequestResult(index, "p%d" % index)
+    r = llm_gate.RequestResult(index, f"p{index}")
     r.ttft_s = ttft
     r.completion_tokens = completion_tokens
     r.prompt_tokens = 10
@@ -23,7 +24,7 @@ def result(index, ttft, token_times, completion_tokens, t0=0.0):
     r.e2e_s = token_times[-1] - t0 + 0.01
     r.decode_s = token_times[-1] - token_times[0]
     r.decode_tps = llm_gate.decode_tps(completion_tokens, token_times[0], token_times[-1])
-    r.gaps = [b - a for a, b in zip(token_times, token_times[1:])]
+    r.gaps = [b - a for a, b in zip(token_times, token_times[1:], strict=False)]
     return r
 
 
@@ -75,8 +76,7 @@ def cfg(**over):
     base = llm_gate.validate_config(
         llm_gate.make_config({"min_decode_tps": 40, "max_ttft_s": 3.0, "min_accept_length": 1.5})
     )
-    base.update(over)
-    return base
+    return dataclasses.replace(base, **over)
 
 
 def test_evaluate_passes_when_every_figure_is_within_its_threshold():
@@ -173,6 +173,19 @@ def test_all_usage_errors_are_reported_at_once():
     assert "requests" in str(err.value) and "min_decode_tps" in str(err.value)
 
 
+def test_validated_options_are_a_frozen_config_with_numbers_and_prompts_loaded():
+    options = llm_gate.make_config({"requests": "4", "min_decode_tps": 40})
+    config = llm_gate.validate_config(options)
+    assert isinstance(config, llm_gate.GateConfig)
+    assert config.requests == 4 and config.min_decode_tps == 40.0
+    assert config.prompt_ids == [p["id"] for p in llm_gate.FALLBACK_PROMPTS]
+    assert options["requests"] == "4"  # the caller's options are left as they were
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.requests = 8  # type: ignore[misc]
+    # one list of options: the defaults are the config's own
+    assert llm_gate.DEFAULTS == dataclasses.asdict(llm_gate.GateConfig())
+
+
 def test_run_gate_rejects_bad_options_before_touching_the_server():
     # Port 9 (discard) on localhost: a usage error must come back without any request.
     with pytest.raises(llm_gate.GateUsageError):
@@ -212,7 +225,7 @@ def test_redaction_hides_the_key_and_key_looking_values():
 
 
 def test_cap_lines_keeps_the_end_and_says_so():
-    text = "\n".join("line %d" % i for i in range(5000))
+    text = "\n".join(f"line {i}" for i in range(5000))
     out, lines, capped = llm_gate.cap_lines(text, 100, 1 << 20)
     assert capped and lines == 100 and out.endswith("line 4999") and out.startswith("line 4900")
     out, lines, capped = llm_gate.cap_lines(text, 10000, 2048)
@@ -241,7 +254,7 @@ def test_store_report_writes_history_and_latest_and_prunes(tmp_path):
     d = tmp_path / "gate"
     paths = []
     for minute in range(5):
-        report = {"timestamp": "2026-11-29T22:%02d:00Z" % minute, "passed": minute % 2 == 0}
+        report = {"timestamp": f"2026-11-29T22:{minute:02d}:00Z", "passed": minute % 2 == 0}
         paths.append(llm_gate.store_report(report, str(d), keep=3))
     names = sorted(os.listdir(d))
     assert names == ["20261129T220200Z.json", "20261129T220300Z.json", "20261129T220400Z.json", "latest.json"]

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
 """Ansible module ``health_gate``: readiness, throughput and MTP gate for an LLM server."""
 
@@ -144,7 +143,9 @@ options:
     type: float
     default: 0
   regression_min_ttft_delta_s:
-    description: A TTFT p95 above the baseline's by more than O(max_regression_pct) also needs to be above it by more than these seconds to fail.
+    description: >-
+      A TTFT p95 above the baseline's by more than O(max_regression_pct) also needs
+      to be above it by more than these seconds to fail.
     type: float
     default: 0.1
   journal_max_lines:
@@ -265,46 +266,57 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
 from ansible.module_utils.llm_gate import (  # noqa: E402
     DEFAULTS,
+    ENGINES,
     GateUsageError,
     failure_message,
     run_gate,
     store_report,
 )
 
+# The numeric options, by Ansible type; their defaults are the gate's own (DEFAULTS).
+NUMBER_OPTIONS = {
+    "float": (
+        "ready_timeout_s",
+        "poll_interval_s",
+        "health_timeout_s",
+        "request_timeout_s",
+        "min_decode_tps",
+        "max_ttft_s",
+        "min_accept_length",
+        "max_regression_pct",
+        "regression_min_ttft_delta_s",
+    ),
+    "int": (
+        "warmup_requests",
+        "requests",
+        "concurrency",
+        "max_tokens",
+        "journal_max_lines",
+        "journal_max_bytes",
+        "keep_reports",
+    ),
+}
 
-def argument_spec():
+
+def argument_spec() -> dict:
     """The module's options (defaults shared with the CLI through ``DEFAULTS``)."""
-    return dict(
+    spec = dict(
         url=dict(type="str", default=DEFAULTS["url"]),
         unit=dict(type="str"),
-        allow_prior_restarts=dict(type="bool", default=False),
+        allow_prior_restarts=dict(type="bool", default=DEFAULTS["allow_prior_restarts"]),
         model=dict(type="str"),
         api_key=dict(type="str", no_log=True),
-        engine=dict(type="str", default="auto", choices=["auto", "sglang", "transformers", "generic"]),
-        ready_timeout_s=dict(type="float", default=DEFAULTS["ready_timeout_s"]),
-        poll_interval_s=dict(type="float", default=DEFAULTS["poll_interval_s"]),
-        health_timeout_s=dict(type="float", default=DEFAULTS["health_timeout_s"]),
-        request_timeout_s=dict(type="float", default=DEFAULTS["request_timeout_s"]),
-        warmup_requests=dict(type="int", default=DEFAULTS["warmup_requests"]),
-        requests=dict(type="int", default=DEFAULTS["requests"]),
-        concurrency=dict(type="int", default=DEFAULTS["concurrency"]),
-        max_tokens=dict(type="int", default=DEFAULTS["max_tokens"]),
+        engine=dict(type="str", default=DEFAULTS["engine"], choices=list(ENGINES)),
         prompts=dict(type="raw"),
-        min_decode_tps=dict(type="float", default=DEFAULTS["min_decode_tps"]),
-        max_ttft_s=dict(type="float", default=DEFAULTS["max_ttft_s"]),
-        min_accept_length=dict(type="float", default=DEFAULTS["min_accept_length"]),
         baseline=dict(type="dict"),
-        max_regression_pct=dict(type="float", default=DEFAULTS["max_regression_pct"]),
-        regression_min_ttft_delta_s=dict(type="float", default=DEFAULTS["regression_min_ttft_delta_s"]),
-        journal_max_lines=dict(type="int", default=DEFAULTS["journal_max_lines"]),
-        journal_max_bytes=dict(type="int", default=DEFAULTS["journal_max_bytes"]),
         report_dir=dict(type="path"),
-        keep_reports=dict(type="int", default=DEFAULTS["keep_reports"]),
         metadata=dict(type="dict", default={}),
     )
+    for kind, names in NUMBER_OPTIONS.items():
+        spec.update({name: dict(type=kind, default=DEFAULTS[name]) for name in names})
+    return spec
 
 
 def main() -> None:
@@ -317,14 +329,14 @@ def main() -> None:
     try:
         report = run_gate(params)
     except GateUsageError as exc:
-        module.fail_json(msg="health_gate: invalid options: %s" % exc)
+        module.fail_json(msg=f"health_gate: invalid options: {exc}")
         return
     path = None
     if report_dir and not module.check_mode:
         try:
             path = store_report(report, report_dir, params["keep_reports"])
         except OSError as exc:
-            module.warn("health_gate: could not store the report in %s: %s" % (report_dir, exc))
+            module.warn(f"health_gate: could not store the report in {report_dir}: {exc}")
     result = dict(changed=False, passed=report["passed"], summary=report["summary"], report=report, report_path=path)
     if report["passed"]:
         module.exit_json(msg=report["summary"], **result)

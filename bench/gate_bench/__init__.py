@@ -1,0 +1,1 @@
+"""The two experiments of ``bench/gate`` (crash detection, throughput) and what they share."""

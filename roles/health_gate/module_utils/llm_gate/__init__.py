@@ -1,0 +1,146 @@
+# Copyright: the llm-deploy authors. GNU General Public License v3.0+.
+"""Health-and-throughput gate for OpenAI-compatible LLM servers (SGLang, transformers serve).
+
+One implementation, two front ends: the Ansible module ``health_gate``
+(``roles/health_gate/library/health_gate.py``, which imports this package as
+``ansible.module_utils.llm_gate``; AnsiballZ ships the package) and the command line
+``tools/health-gate``.
+It runs on the target host with the host's system ``python3``: standard library only,
+Python 3.8 or newer.
+
+What a gate run does, in order (:func:`run_gate`):
+
+1. **Readiness.** Poll ``GET /health`` until it answers 200 or the deadline passes.
+   Connection refused means "still loading" (SGLang opens its port only after the
+   weights are loaded), HTTP 503 means "warming up". Meanwhile a watcher looks at the
+   systemd unit (or a PID): if the unit fails, exits or restarts, the gate fails at once
+   with the unit's state and the journal of *this* start of the unit.
+2. **Discovery.** Engine (``/server_info`` or ``/get_server_info`` answers: SGLang),
+   server version, model id (``/v1/models``, or the ``model`` option).
+3. **Measurement.** Warm-up requests, then N streaming chat completions
+   (temperature 0, fixed ``max_tokens``, ``stream_options.include_usage``) with a
+   configurable concurrency. Per request: TTFT, inter-chunk latency, decode tokens/s
+   = (completion_tokens - 1) / (t_last_token - t_first_token), end-to-end latency.
+   Token counts come from the server's ``usage``, never from chunk counts.
+4. **Speculative decoding** (SGLang): the MTP accept length from ``/server_info``
+   ``internal_states[0].avg_spec_accept_length``, else from a ``/generate`` call's
+   ``meta_info.spec_accept_length``.
+5. **Verdict.** Mean decode tok/s >= ``min_decode_tps``, TTFT p95 <= ``max_ttft_s``,
+   accept length >= ``min_accept_length`` (only when the engine reports one).
+
+The result is one JSON-serialisable report (:func:`run_gate` never raises for a failed
+gate, only :class:`GateUsageError` for bad options); :func:`store_report` keeps it on
+disk as ``<UTC timestamp>.json`` plus ``latest.json`` and prunes the history.
+
+One concern a module: :mod:`.config` (options, rules, :class:`GateConfig`), :mod:`.prompts`,
+:mod:`.errors`, :mod:`.stats`, :mod:`.redaction`, :mod:`.client` (HTTP), :mod:`.watchers`
+and :mod:`.monitor` (unit or PID), :mod:`.readiness`, :mod:`.discovery`, :mod:`.streaming`,
+:mod:`.verdict`, :mod:`.report` (storage) and :mod:`.gate` (:func:`run_gate`). The names
+below are the package's public face; import them from ``llm_gate`` itself.
+"""
+
+from __future__ import annotations
+
+from .client import BODY_QUOTE_CHARS, Endpoint, quote_body
+from .config import (
+    BASELINE_FIGURES,
+    BASELINE_SETTINGS,
+    DEFAULTS,
+    ENGINES,
+    SCHEMA_VERSION,
+    TTFT_STATISTIC,
+    GateConfig,
+    make_config,
+    validate_config,
+)
+from .discovery import (
+    SERVER_INFO_KEYS,
+    SERVER_INFO_PATHS,
+    accept_length_from_info,
+    generate_accept_length,
+    get_server_info,
+    list_models,
+    resolve_model,
+)
+from .errors import GateFailure, GateUsageError, RequestError, WatchFailure
+from .gate import run_gate
+from .monitor import Monitor
+from .prompts import FALLBACK_PROMPTS, load_prompts
+from .readiness import HEALTH_PATH, PHASE_TEXT, STATE_TEXT, probe_health, wait_ready
+from .redaction import redact, redact_text
+from .report import REPORT_NAME_RE, store_report, utc_now
+from .stats import aggregate, decode_tps, percentile
+from .streaming import CHAT_PATH, RequestResult, run_requests, stream_chat
+from .verdict import baseline_of, compare_baseline, evaluate, failure_message, summary_line
+from .watchers import (
+    CLD_CODES,
+    EXCEPTION_RE,
+    UNIT_PROPERTIES,
+    NullWatcher,
+    PidWatcher,
+    UnitWatcher,
+    cap_lines,
+    last_exception_line,
+    make_watcher,
+)
+
+__all__ = [
+    "BASELINE_FIGURES",
+    "BASELINE_SETTINGS",
+    "BODY_QUOTE_CHARS",
+    "CHAT_PATH",
+    "CLD_CODES",
+    "DEFAULTS",
+    "ENGINES",
+    "EXCEPTION_RE",
+    "FALLBACK_PROMPTS",
+    "HEALTH_PATH",
+    "PHASE_TEXT",
+    "REPORT_NAME_RE",
+    "SCHEMA_VERSION",
+    "SERVER_INFO_KEYS",
+    "SERVER_INFO_PATHS",
+    "STATE_TEXT",
+    "TTFT_STATISTIC",
+    "UNIT_PROPERTIES",
+    "Endpoint",
+    "GateConfig",
+    "GateFailure",
+    "GateUsageError",
+    "Monitor",
+    "NullWatcher",
+    "PidWatcher",
+    "RequestError",
+    "RequestResult",
+    "UnitWatcher",
+    "WatchFailure",
+    "accept_length_from_info",
+    "aggregate",
+    "baseline_of",
+    "cap_lines",
+    "compare_baseline",
+    "decode_tps",
+    "evaluate",
+    "failure_message",
+    "generate_accept_length",
+    "get_server_info",
+    "last_exception_line",
+    "list_models",
+    "load_prompts",
+    "make_config",
+    "make_watcher",
+    "percentile",
+    "probe_health",
+    "quote_body",
+    "redact",
+    "redact_text",
+    "resolve_model",
+    "run_gate",
+    "run_requests",
+    "store_report",
+    "stream_chat",
+    "summary_line",
+    "utc_now",
+    "validate_config",
+    "wait_ready",
+]

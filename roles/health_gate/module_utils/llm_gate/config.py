@@ -1,0 +1,210 @@
+# Copyright: the llm-deploy authors. GNU General Public License v3.0+.
+"""The gate's options: their defaults, their rules (checked once) and the typed result.
+
+:data:`DEFAULTS` is the one list of options and their defaults, shared by the module's
+argument_spec, the CLI and the role's defaults; it is read off :class:`GateConfig`'s
+fields. :func:`validate_config` checks every rule at once and returns a frozen
+:class:`GateConfig`, which every later step reads instead of a dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import urllib.parse
+from typing import Any
+
+from .errors import GateUsageError
+from .prompts import load_prompts
+
+SCHEMA_VERSION = 1
+ENGINES = ("auto", "sglang", "transformers", "generic")
+TTFT_STATISTIC = "p95"
+# The figures a baseline (the last-known-good's gate) carries, and whether lower is worse.
+BASELINE_FIGURES = {"decode_tps_mean": True, "ttft_p95_s": False, "accept_length": True}
+# What must be equal for two gates to be compared: the same measurement on the same prompts.
+BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts")
+
+
+@dataclasses.dataclass(frozen=True)
+class GateConfig:
+    """A checked set of gate options (built by :func:`validate_config`); the defaults are :data:`DEFAULTS`.
+
+    ``prompts`` holds the loaded ``[{"id", "messages"}, ...]`` once validated.
+    """
+
+    url: str = "http://127.0.0.1:30000"
+    unit: str | None = None
+    pid: int | None = None
+    log_file: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    engine: str = "auto"
+    ready_timeout_s: float = 1800.0
+    poll_interval_s: float = 1.0
+    health_timeout_s: float = 30.0
+    request_timeout_s: float = 300.0
+    warmup_requests: int = 2
+    requests: int = 8
+    concurrency: int = 1
+    max_tokens: int = 256
+    prompts: Any = None
+    min_decode_tps: float = 0.0
+    max_ttft_s: float = 0.0
+    min_accept_length: float = 0.0
+    baseline: dict[str, Any] | None = None
+    max_regression_pct: float = 0.0
+    regression_min_ttft_delta_s: float = 0.1
+    allow_prior_restarts: bool = False
+    journal_max_lines: int = 3000
+    journal_max_bytes: int = 512 * 1024
+    report_dir: str | None = None
+    keep_reports: int = 20
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> GateConfig:
+        """Merge ``options`` over the defaults and check them (:class:`GateUsageError` if bad)."""
+        return validate_config(make_config(options))
+
+    @property
+    def prompt_ids(self) -> list[str]:
+        """The ids of the prompts, in the order they are sent."""
+        return [p["id"] for p in self.prompts]
+
+    def settings(self) -> dict[str, Any]:
+        """How the gate measures, as the report shows it (no secrets)."""
+        shown = {name: getattr(self, name) for name in ("warmup_requests", "requests", "concurrency", "max_tokens")}
+        shown["temperature"] = 0
+        shown.update(
+            {name: getattr(self, name) for name in ("request_timeout_s", "ready_timeout_s", "poll_interval_s")}
+        )
+        shown.update(prompts=self.prompt_ids, api_key_set=bool(self.api_key))
+        return shown
+
+    def thresholds(self) -> dict[str, Any]:
+        """The absolute and relative limits, as the report shows them."""
+        return {
+            "min_decode_tps": self.min_decode_tps,
+            "max_ttft_s": self.max_ttft_s,
+            "ttft_statistic": TTFT_STATISTIC,
+            "min_accept_length": self.min_accept_length,
+            "decode_statistic": "mean",
+            "max_regression_pct": self.max_regression_pct,
+        }
+
+
+# Option defaults, shared by the module's argument_spec, the CLI and the role's defaults.
+DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+    for f in dataclasses.fields(GateConfig)
+}
+
+
+def make_config(options: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``options`` over :data:`DEFAULTS` (``None`` values fall back to the default)."""
+    cfg = dict(DEFAULTS)
+    for key, value in options.items():
+        if key not in DEFAULTS:
+            raise GateUsageError(f"unknown option {key!r}")
+        if value is not None:
+            cfg[key] = value
+    cfg["metadata"] = dict(cfg.get("metadata") or {})
+    return cfg
+
+
+def _number(cfg: dict[str, Any], key: str, errors: list[str], integer: bool = False) -> float | None:
+    """``cfg[key]`` as a finite float (or an int), converted in ``cfg``; None and a note in ``errors`` if not."""
+    value = cfg.get(key)
+    if isinstance(value, bool):
+        errors.append(f"{key} must be a number, not {value!r}")
+        return None
+    try:
+        number = int(value) if integer else float(value)
+    except (TypeError, ValueError):
+        errors.append(f"{key} must be {'an integer' if integer else 'a number'}, got {value!r}")
+        return None
+    if integer and float(value) != number:
+        errors.append(f"{key} must be an integer, got {value!r}")
+        return None
+    if not integer and (math.isnan(number) or math.isinf(number)):
+        errors.append(f"{key} must be finite, got {value!r}")
+        return None
+    cfg[key] = number
+    return number
+
+
+def validate_config(options: dict[str, Any]) -> GateConfig:
+    """Check every option of a :func:`make_config` result; raise :class:`GateUsageError` listing all problems.
+
+    Converts numbers, loads ``prompts`` (path or list) into a list of ``{"id", "messages"}``
+    and returns the frozen :class:`GateConfig`; ``options`` itself is left as it was.
+    """
+    cfg = dict(options)
+    errors: list[str] = []
+    url = str(cfg.get("url") or "")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        errors.append(f"url must look like http://HOST:PORT, got {url!r}")
+    else:
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            errors.append(f"url has an invalid port: {url!r}")
+    if cfg.get("engine") not in ENGINES:
+        errors.append(f"engine must be one of {', '.join(ENGINES)}, got {cfg.get('engine')!r}")
+    positive = ("ready_timeout_s", "poll_interval_s", "health_timeout_s", "request_timeout_s")
+    for key in positive:
+        value = _number(cfg, key, errors)
+        if value is not None and value <= 0:
+            errors.append(f"{key} must be greater than 0, got {value}")
+    for key, low in (
+        ("requests", 1),
+        ("concurrency", 1),
+        ("warmup_requests", 0),
+        ("max_tokens", 2),
+        ("keep_reports", 1),
+        ("journal_max_lines", 10),
+        ("journal_max_bytes", 1024),
+    ):
+        value = _number(cfg, key, errors, integer=True)
+        if value is not None and value < low:
+            why = " (decode speed needs at least 2 tokens)" if key == "max_tokens" else ""
+            errors.append(f"{key} must be at least {low}, got {value}{why}")
+    for key in (
+        "min_decode_tps",
+        "max_ttft_s",
+        "min_accept_length",
+        "max_regression_pct",
+        "regression_min_ttft_delta_s",
+    ):
+        value = _number(cfg, key, errors)
+        if value is not None and value < 0:
+            errors.append(f"{key} must be 0 (no check) or positive, got {value}")
+    baseline = cfg.get("baseline")
+    if baseline is not None and not isinstance(baseline, dict):
+        errors.append("baseline must be a mapping of the last-known-good's figures")
+    elif baseline:
+        for key in BASELINE_FIGURES:
+            if baseline.get(key) is not None and (
+                isinstance(baseline[key], bool) or not isinstance(baseline[key], (int, float))
+            ):
+                errors.append(f"baseline.{key} must be a number, got {baseline[key]!r}")
+    if cfg.get("pid") is not None:
+        pid = _number(cfg, "pid", errors, integer=True)
+        if pid is not None and pid <= 0:
+            errors.append(f"pid must be a positive process id, got {pid}")
+        if cfg.get("unit"):
+            errors.append("watch either a unit or a pid, not both")
+    if not isinstance(cfg.get("metadata"), dict):
+        errors.append("metadata must be a mapping")
+    if cfg.get("unit") is not None and not isinstance(cfg.get("unit"), str):
+        errors.append("unit must be a string")
+    try:
+        cfg["prompts"] = load_prompts(cfg.get("prompts"))
+    except GateUsageError as exc:
+        errors.append(str(exc))
+    if errors:
+        raise GateUsageError("; ".join(errors))
+    cfg["allow_prior_restarts"] = bool(cfg.get("allow_prior_restarts"))
+    return GateConfig(**cfg)

@@ -1,0 +1,267 @@
+# Copyright: the llm-deploy authors. GNU General Public License v3.0+.
+"""The gate run: readiness, discovery, warm-up, measurement, accept length, verdict, one report."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .client import Endpoint
+from .config import SCHEMA_VERSION, GateConfig
+from .discovery import (
+    SERVER_INFO_KEYS,
+    accept_length_from_info,
+    generate_accept_length,
+    get_server_info,
+    list_models,
+    resolve_model,
+)
+from .errors import GateFailure, RequestError
+from .monitor import Monitor
+from .readiness import PHASE_TEXT, wait_ready
+from .redaction import redact
+from .report import TIMESTAMP_FORMAT, utc_now
+from .stats import aggregate, rounded
+from .streaming import run_requests
+from .verdict import compare_baseline, evaluate, summary_line
+from .watchers import NullWatcher, PidWatcher, UnitWatcher, make_watcher
+
+
+def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -> dict[str, Any]:
+    """The report before anything is known: settings, thresholds and empty results."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "tool": "health_gate",
+        "timestamp": stamp,
+        "host": socket.gethostname(),
+        "url": endpoint.display,
+        "engine": cfg.engine if cfg.engine != "auto" else None,
+        "version": None,
+        "model": None,
+        "watch": (
+            {"unit": watcher.unit}
+            if isinstance(watcher, UnitWatcher)
+            else ({"pid": watcher.pid} if isinstance(watcher, PidWatcher) else None)
+        ),
+        "settings": cfg.settings(),
+        "thresholds": cfg.thresholds(),
+        "readiness": None,
+        "server": None,
+        "warmup": None,
+        "requests": [],
+        "aggregate": None,
+        "speculative": None,
+        "checks": [],
+        "notes": [],
+        "passed": False,
+        "phase": "wait",
+        "reasons": [],
+        "evidence": None,
+        "metadata": cfg.metadata,
+    }
+
+
+def _discover(
+    endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, report: dict[str, Any]
+) -> tuple[str, dict[str, Any] | None, str]:
+    """Engine, ``/server_info`` and the model id to send, noted in ``report``; (engine, info, model)."""
+    report["phase"] = monitor.phase = "discover"
+    timeout = cfg.health_timeout_s
+    info = monitor.call(get_server_info, endpoint, timeout)
+    engine = cfg.engine
+    if engine == "auto":
+        engine = "sglang" if info else "generic"
+    report["engine"] = engine
+    if info:
+        report["version"] = info.get("version")
+        report["server"] = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
+    elif engine == "sglang":
+        report["notes"].append("engine is sglang but /server_info and /get_server_info did not answer")
+    listed, note = monitor.call(list_models, endpoint, timeout)
+    if note in ("/v1/models answered HTTP 401", "/v1/models answered HTTP 403"):
+        sent = "with the API key the gate sent" if cfg.api_key else "without an API key"
+        raise GateFailure(
+            "discover",
+            f"the server refused /v1/models with HTTP {note[-3:]} {sent}: set health_gate_api_key (it defaults to "
+            "inference_server_api_key) to the server's API key",
+        )
+    if note:
+        report["notes"].append(note)
+    model, note = resolve_model(listed, cfg.model)
+    if note:
+        report["notes"].append(note)
+    if not model:
+        raise GateFailure(
+            "discover",
+            "the server lists no model at /v1/models; set the model option "
+            "(transformers serve needs the model directory it was started with)",
+        )
+    report["model"] = model
+    return engine, info, model
+
+
+def _measure(
+    endpoint: Endpoint,
+    cfg: GateConfig,
+    monitor: Monitor,
+    model: str,
+    report: dict[str, Any],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Warm-up requests, then the measured ones; the aggregate (also noted in ``report``)."""
+    if cfg.warmup_requests:
+        report["phase"] = monitor.phase = "warmup"
+        warm, warm_wall = run_requests(
+            endpoint,
+            model,
+            cfg.prompts,
+            cfg.warmup_requests,
+            min(cfg.concurrency, cfg.warmup_requests),
+            cfg.max_tokens,
+            cfg.request_timeout_s,
+            monitor,
+            first_index=0,
+        )
+        report["warmup"] = {
+            "requests": len(warm),
+            "wall_s": rounded(warm_wall, 3),
+            "ttft_s": [rounded(r.ttft_s) for r in warm],
+        }
+        say(f"warm-up: {len(warm)} requests in {warm_wall:.1f} s")
+
+    report["phase"] = monitor.phase = "measure"
+    say(f"measuring: {cfg.requests} requests, concurrency {cfg.concurrency}, max_tokens {cfg.max_tokens}")
+    results, wall = run_requests(
+        endpoint,
+        model,
+        cfg.prompts,
+        cfg.requests,
+        cfg.concurrency,
+        cfg.max_tokens,
+        cfg.request_timeout_s,
+        monitor,
+        first_index=cfg.warmup_requests,
+    )
+    report["requests"] = [r.as_dict() for r in results]
+    agg = aggregate(results, wall)
+    report["aggregate"] = agg
+    short = [r.index for r in results if r.decode_tps is None]
+    if short:
+        report["notes"].append(f"requests {short} produced fewer than 2 tokens (or one chunk): no decode speed")
+    return agg
+
+
+def _speculative(
+    endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, engine: str, info: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The MTP accept length (SGLang): ``{"value", "source", "note", ...}``."""
+    accept: dict[str, Any] = {"value": None, "source": None, "note": None}
+    if engine != "sglang":
+        accept["note"] = f"engine {engine} reports no accept length"
+        return accept
+    info_after = monitor.call(get_server_info, endpoint, cfg.health_timeout_s)
+    spec_algo = (info_after or info or {}).get("speculative_algorithm")
+    accept["algorithm"] = spec_algo
+    if not spec_algo:
+        accept["note"] = "speculative decoding is off"
+    else:
+        value = accept_length_from_info(info_after)
+        accept["server_info"] = value
+        if value is not None:
+            accept.update(value=rounded(value, 3), source="server_info.internal_states[0].avg_spec_accept_length")
+        else:
+            gen, note = monitor.call(
+                generate_accept_length, endpoint, cfg.prompts[0], cfg.max_tokens, cfg.request_timeout_s
+            )
+            accept["generate"] = gen
+            if gen is not None:
+                accept.update(value=rounded(gen, 3), source="/generate meta_info.spec_accept_length")
+            else:
+                accept["note"] = "no accept length: server_info has none yet; " + note
+    if isinstance((info_after or {}).get("internal_states"), list) and info_after["internal_states"]:
+        state0 = info_after["internal_states"][0]
+        if isinstance(state0, dict) and "last_gen_throughput" in state0:
+            accept["last_gen_throughput"] = state0.get("last_gen_throughput")
+    return accept
+
+
+def _judge(cfg: GateConfig, agg: dict[str, Any], accept: dict[str, Any], report: dict[str, Any]) -> None:
+    """The absolute thresholds and the relative gate; the verdict goes into ``report``."""
+    report["phase"] = "evaluate"
+    report["checks"], report["reasons"] = evaluate(agg, accept, cfg)
+    relative, worse, note = compare_baseline(agg, accept, cfg)
+    report["checks"] += relative
+    report["reasons"] += worse
+    if cfg.baseline:
+        report["baseline"] = dict(cfg.baseline, compared=bool(relative), note=note)
+    if note:
+        report["notes"].append(note)
+    report["passed"] = not report["reasons"]
+    report["phase"] = "done"
+
+
+def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the whole gate and return the report (``report["passed"]`` is the verdict).
+
+    ``options`` are checked here unless they already are a :class:`GateConfig`. Raises
+    :class:`GateUsageError` (before touching the server) for bad options only.
+    """
+    cfg = options if isinstance(options, GateConfig) else GateConfig.from_options(options)
+    t_start = time.monotonic()
+    started = utc_now()
+
+    def say(message: str) -> None:
+        """Progress, prefixed with the seconds since the start."""
+        if progress:
+            progress(f"[{time.monotonic() - t_start:7.1f} s] {message}")
+
+    endpoint = Endpoint(cfg.url, cfg.api_key)
+    watcher = make_watcher(cfg)
+    monitor = Monitor(watcher, max(0.2, min(cfg.poll_interval_s / 2.0, 1.0)))
+    report = _new_report(cfg, endpoint, watcher, started.strftime(TIMESTAMP_FORMAT))
+    try:
+        if not isinstance(watcher, NullWatcher):
+            say(f"watching {report['watch']}")
+        report["readiness"] = {}
+        monitor.start()
+        wait_ready(endpoint, cfg, monitor, say, report["readiness"])
+
+        engine, info, model = _discover(endpoint, cfg, monitor, report)
+        say(f"engine {engine}{(' ' + str(report['version'])) if report['version'] else ''}, model {model}")
+        agg = _measure(endpoint, cfg, monitor, model, report, say)
+
+        report["phase"] = monitor.phase = "speculative"
+        accept = _speculative(endpoint, cfg, monitor, engine, info)
+        report["speculative"] = {
+            "accept_length": accept["value"],
+            "source": accept["source"],
+            "detail": {k: v for k, v in accept.items() if k not in ("value", "source")},
+        }
+
+        monitor.poll_now()
+        monitor.check()
+        _judge(cfg, agg, accept, report)
+    except GateFailure as exc:
+        report["passed"] = False
+        report["phase"] = exc.phase
+        reason = exc.reason
+        if exc.watch is not None:
+            reason += f", {time.monotonic() - t_start:.1f} s into the gate while {PHASE_TEXT.get(exc.phase, exc.phase)}"
+            if exc.watch.exception:
+                reason += ": " + exc.watch.exception
+            report["evidence"] = exc.watch.as_dict()
+        report["reasons"] = [reason]
+        if exc.detail:
+            report["failure_detail"] = exc.detail
+    except RequestError as exc:
+        report["passed"] = False
+        report["reasons"] = [str(exc)]
+    finally:
+        monitor.stop()
+        report["unit"] = watcher.describe() if not isinstance(watcher, NullWatcher) else None
+        report["duration_s"] = rounded(time.monotonic() - t_start, 3)
+    report["summary"] = summary_line(report)
+    say(report["summary"])
+    return redact(report, [cfg.api_key or ""])

@@ -1,0 +1,217 @@
+# Copyright: the llm-deploy authors. GNU General Public License v3.0+.
+"""The verdict: thresholds, the relative gate against the last-known-good, and the words for both."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .config import BASELINE_FIGURES, BASELINE_SETTINGS, TTFT_STATISTIC
+
+if TYPE_CHECKING:  # pragma: no cover - annotations only
+    from .config import GateConfig
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    """A figure with ``digits`` decimals, ``n/a`` when unknown."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _limit(value: float, digits: int = 1) -> str:
+    """A threshold as the summary shows it, ``off`` when 0."""
+    return "off" if not value else (f"{round(value, digits + 1):g}")
+
+
+def evaluate(agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig) -> tuple[list[dict[str, Any]], list[str]]:
+    """Compare the aggregate with the thresholds; (checks, failure reasons)."""
+    checks: list[dict[str, Any]] = []
+    reasons: list[str] = []
+    tps = agg.get("decode_tps_mean")
+    if cfg.min_decode_tps > 0:
+        ok = tps is not None and tps >= cfg.min_decode_tps
+        checks.append(
+            {
+                "name": "decode_tps",
+                "statistic": "mean",
+                "value": tps,
+                "op": ">=",
+                "limit": cfg.min_decode_tps,
+                "ok": ok,
+            }
+        )
+        if tps is None:
+            reasons.append("no request produced two or more tokens in separate chunks: decode speed unknown")
+        elif not ok:
+            reasons.append(f"decode {tps:.1f} tok/s is below min_decode_tps {cfg.min_decode_tps:g}")
+    ttft = agg.get("ttft_p95_s")
+    if cfg.max_ttft_s > 0:
+        ok = ttft is not None and ttft <= cfg.max_ttft_s
+        checks.append(
+            {
+                "name": "ttft",
+                "statistic": TTFT_STATISTIC,
+                "value": ttft,
+                "op": "<=",
+                "limit": cfg.max_ttft_s,
+                "ok": ok,
+            }
+        )
+        if not ok:
+            reasons.append(f"TTFT {TTFT_STATISTIC} {_fmt(ttft, 2)} s is above max_ttft_s {cfg.max_ttft_s:g}")
+    value = accept.get("value")
+    if cfg.min_accept_length > 0:
+        if value is None:
+            checks.append(
+                {
+                    "name": "accept_length",
+                    "value": None,
+                    "op": ">=",
+                    "limit": cfg.min_accept_length,
+                    "ok": None,
+                    "note": "not applied: " + (accept.get("note") or "the engine reports none"),
+                }
+            )
+        else:
+            ok = value >= cfg.min_accept_length
+            checks.append(
+                {
+                    "name": "accept_length",
+                    "value": value,
+                    "op": ">=",
+                    "limit": cfg.min_accept_length,
+                    "ok": ok,
+                    "source": accept.get("source"),
+                }
+            )
+            if not ok:
+                reasons.append(f"MTP accept length {value:.2f} is below min_accept_length {cfg.min_accept_length:g}")
+    return checks, reasons
+
+
+def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
+    """What a passing report leaves for the next deploy's relative gate (last-known-good)."""
+    agg = report.get("aggregate") or {}
+    settings = report.get("settings") or {}
+    return {
+        "unit_sha256": (report.get("metadata") or {}).get("unit_sha256"),
+        "decode_tps_mean": agg.get("decode_tps_mean"),
+        "ttft_p95_s": agg.get("ttft_p95_s"),
+        "accept_length": (report.get("speculative") or {}).get("accept_length"),
+        "timestamp": report.get("timestamp"),
+        **{key: settings.get(key) for key in BASELINE_SETTINGS},
+    }
+
+
+def compare_baseline(
+    agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig
+) -> tuple[list[dict[str, Any]], list[str], str | None]:
+    """The relative gate: (checks, failure reasons, note) against ``cfg.baseline``.
+
+    Compared only when there is a baseline, ``max_regression_pct`` is above 0, the unit is
+    not the baseline's own (same unit sha256: nothing changed, so nothing to compare) and
+    the measurement is the same (requests, concurrency, max_tokens, prompts). A figure fails
+    when it is worse than the baseline's by more than ``max_regression_pct`` percent; TTFT
+    also needs to be worse by more than ``regression_min_ttft_delta_s`` seconds (a few tens
+    of milliseconds of jitter are most of a small TTFT).
+    """
+    baseline = cfg.baseline or {}
+    pct = float(cfg.max_regression_pct or 0)
+    if not baseline or pct <= 0:
+        return [], [], None
+    unit = (cfg.metadata or {}).get("unit_sha256")
+    if unit and baseline.get("unit_sha256") == unit:
+        return [], [], "not compared with the last-known-good: the unit is the last-known-good one"
+    ours = {
+        "requests": cfg.requests,
+        "concurrency": cfg.concurrency,
+        "max_tokens": cfg.max_tokens,
+        "prompts": cfg.prompt_ids,
+    }
+    differs = [key for key in BASELINE_SETTINGS if baseline.get(key) is not None and baseline.get(key) != ours[key]]
+    if differs:
+        return (
+            [],
+            [],
+            ("not compared with the last-known-good: it was measured with another {}".format(", ".join(differs))),
+        )
+    current = {
+        "decode_tps_mean": agg.get("decode_tps_mean"),
+        "ttft_p95_s": agg.get("ttft_p95_s"),
+        "accept_length": accept.get("value"),
+    }
+    labels = {
+        "decode_tps_mean": ("decode", " tok/s", 1),
+        "ttft_p95_s": (f"TTFT {TTFT_STATISTIC}", " s", 2),
+        "accept_length": ("accept length", "", 2),
+    }
+    checks: list[dict[str, Any]] = []
+    reasons: list[str] = []
+    for key, lower_is_worse in BASELINE_FIGURES.items():
+        base, value = baseline.get(key), current[key]
+        if base is None or value is None or base <= 0:
+            continue
+        change = 100.0 * (value - base) / base
+        worse = -change if lower_is_worse else change
+        limit = base * (1 - pct / 100.0) if lower_is_worse else base * (1 + pct / 100.0)
+        ok = worse <= pct
+        if key == "ttft_p95_s" and not ok and value - base <= float(cfg.regression_min_ttft_delta_s or 0):
+            ok = True
+        checks.append(
+            {
+                "name": key.replace("_mean", "").replace("_p95_s", "") + "_vs_last_known_good",
+                "value": value,
+                "baseline": base,
+                "change_pct": round(change, 2),
+                "op": ">=" if lower_is_worse else "<=",
+                "limit": round(limit, 4),
+                "ok": ok,
+            }
+        )
+        if not ok:
+            what, unit_label, digits = labels[key]
+            reasons.append(
+                f"{what} {_fmt(value, digits)}{unit_label} is {abs(change):.1f} % "
+                f"{'below' if lower_is_worse else 'above'} the last-known-good's {_fmt(base, digits)}{unit_label} "
+                f"(max_regression_pct {pct:g})"
+            )
+    return checks, reasons, None
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """One line for the play output, e.g.
+    ``gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), 8 requests``.
+    """
+    verdict = "PASS" if report.get("passed") else "FAIL"
+    agg = report.get("aggregate")
+    th = report.get("thresholds") or {}
+    if not agg:
+        return f"gate {verdict} ({report.get('phase')}): {'; '.join(report.get('reasons') or [])}"
+    parts = [
+        f"{_fmt(agg.get('decode_tps_mean'))} tok/s decode (min {_limit(th.get('min_decode_tps', 0))})",
+        f"TTFT {TTFT_STATISTIC} {_fmt(agg.get('ttft_p95_s'), 2)} s (max {_limit(th.get('max_ttft_s', 0))})",
+    ]
+    accept = (report.get("speculative") or {}).get("accept_length")
+    if accept is not None or th.get("min_accept_length"):
+        parts.append(f"accept {_fmt(accept, 2)} (min {_limit(th.get('min_accept_length', 0))})")
+    relative = [c for c in report.get("checks") or [] if c["name"].endswith("_vs_last_known_good")]
+    if relative:
+        changes = ", ".join(f"{c['name'].split('_vs_')[0]} {c['change_pct']:+.1f} %" for c in relative)
+        parts.append(f"vs last-known-good {changes}")
+    line = f"gate {verdict}: {', '.join(parts)}, {int(agg.get('requests', 0))} requests"
+    if not report.get("passed"):
+        line += " - " + "; ".join(report.get("reasons") or [])
+    return line
+
+
+def failure_message(report: dict[str, Any]) -> str:
+    """Summary plus evidence (unit state and the journal of this start) for a failed gate."""
+    lines = [report.get("summary") or summary_line(report)]
+    evidence = report.get("evidence") or {}
+    if evidence.get("exception"):
+        lines.append(f"exception: {evidence['exception']}")
+    if evidence.get("log_source"):
+        count = int(evidence.get("log_lines", 0))
+        cap = f", capped to the last {count} lines" if evidence.get("log_capped") else ""
+        lines.append(f"--- {evidence['log_source']} ({count} lines{cap}) ---")
+        lines.append(evidence.get("log") or "(empty)")
+        lines.append("--- end of log ---")
+    return "\n".join(lines)

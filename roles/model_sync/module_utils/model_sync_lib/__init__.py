@@ -32,5 +32,6 @@ imports neither ``json`` nor ``re``):
 * ``revisions``: staging, repair, switch and prune;
 * ``engine``: verification, the sync action and the dispatch of actions;
 * ``diff``: the Ansible diff of a result;
+* ``install``: the module's ``install`` action (this package onto the host, for the command);
 * ``compact_json``, ``cli``: the command line (its own JSON encoder and argv parser).
 """

@@ -36,7 +36,9 @@ options:
     choices: [sync, switch, prune, verify, space, install]
     default: sync
   dest:
-    description: Directory of this model, C(<model_sync_root>/<model_sync_name>).
+    description:
+      - Directory of this model, C(<model_sync_root>/<model_sync_name>).
+      - For I(action=install), the directory that receives C(model_sync_lib/).
     type: path
   path:
     description: Model directory to verify (I(action=verify)).

@@ -1,12 +1,12 @@
-"""Engine-level tests of roles/model_sync/library/model_sync.py (no Ansible, no network).
+"""Engine-level tests of roles/model_sync/module_utils/model_sync_lib (no Ansible, no network).
 
 Manifest logic, the size+mtime sha256 cache, parallel hashing, atomic staging and
 switching, pruning, and interruption/resume of a local copy.
 """
+
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import struct
@@ -18,19 +18,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE_PATH = ROOT / "roles/model_sync/library/model_sync.py"
+LIB_DIR = ROOT / "roles/model_sync/module_utils"
 LAUNCHER = ROOT / "roles/model_sync/files/model-sync"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("model_sync_engine", ENGINE_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ms = _load()
+sys.path.insert(0, str(LIB_DIR))
+from model_sync_lib import checks, compact_json, diff, fetch_hub, fs, hashing, install  # noqa: E402
+from model_sync_lib.common import TMP_PREFIX, SyncError  # noqa: E402
+from model_sync_lib.engine import Engine  # noqa: E402
+from model_sync_lib.state import State  # noqa: E402
 
 
 def write_shard(path: Path, name: str, nbytes: int, seed: int) -> None:
@@ -49,13 +44,16 @@ def make_model(path: Path, shards: int = 3, nbytes: int = 200_000, seed: int = 0
         name = f"model-{i:05d}-of-{shards:05d}.safetensors"
         write_shard(path / name, f"w{i}", nbytes + i, seed + i)
         weight_map[f"w{i}"] = name
-    (path / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": sum(nbytes + i for i in range(1, shards + 1))}, "weight_map": weight_map}))
+    (path / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {"metadata": {"total_size": sum(nbytes + i for i in range(1, shards + 1))}, "weight_map": weight_map}
+        )
+    )
     (path / "config.json").write_text(json.dumps({"model_type": "tiny", "hidden_size": 8}))
     return path
 
 
-def engine(tmp_path: Path, src: Path, **kw) -> "ms.Engine":
+def engine(tmp_path: Path, src: Path, **kw) -> Engine:
     """An engine syncing ``src`` (a local mirror directory) into tmp_path/dest/m, as the current user."""
     import grp
     import pwd
@@ -63,8 +61,9 @@ def engine(tmp_path: Path, src: Path, **kw) -> "ms.Engine":
     kw.setdefault("owner", pwd.getpwuid(os.getuid()).pw_name)
     kw.setdefault("group", grp.getgrgid(os.getgid()).gr_name)
     kw.setdefault("reserve_mib", 0)
-    return ms.Engine(str(tmp_path / "dest/m"), source={"type": "mirror", "path": str(src)},
-                     state_dir=str(tmp_path / "state"), **kw)
+    return Engine(
+        str(tmp_path / "dest/m"), source={"type": "mirror", "path": str(src)}, state_dir=str(tmp_path / "state"), **kw
+    )
 
 
 def deploy(tmp_path: Path, src: Path, **kw) -> dict:
@@ -83,46 +82,46 @@ def deploy(tmp_path: Path, src: Path, **kw) -> dict:
 def test_revision_label_is_a_content_digest_independent_of_order():
     a = {"b": [2, "bb"], "a": [1, "aa"]}
     b = {"a": [1, "aa"], "b": [2, "bb"]}
-    assert ms.revision_label(a) == ms.revision_label(b)
-    assert len(ms.revision_label(a)) == 12
-    assert ms.revision_label(a) != ms.revision_label({"a": [1, "aa"], "b": [2, "bc"]})
+    assert checks.revision_label(a) == checks.revision_label(b)
+    assert len(checks.revision_label(a)) == 12
+    assert checks.revision_label(a) != checks.revision_label({"a": [1, "aa"], "b": [2, "bc"]})
 
 
 def test_manifest_file_parses_sha256sum_output(tmp_path):
     (tmp_path / "x").write_bytes(b"hello")
     out = subprocess.run(["sha256sum", "x"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     (tmp_path / "manifest.sha256").write_text("# comment\n" + out + f"{'0' * 64} *./y\n")
-    parsed = ms.read_manifest_file(str(tmp_path / "manifest.sha256"))
+    parsed = checks.read_manifest_file(str(tmp_path / "manifest.sha256"))
     assert parsed == {"x": hashlib.sha256(b"hello").hexdigest(), "y": "0" * 64}
 
 
 def test_manifest_file_with_a_bad_line_is_refused(tmp_path):
     (tmp_path / "m").write_text("nothex  file\n")
-    with pytest.raises(ms.SyncError, match="line 1"):
-        ms.read_manifest_file(str(tmp_path / "m"))
+    with pytest.raises(SyncError, match="line 1"):
+        checks.read_manifest_file(str(tmp_path / "m"))
 
 
 def test_check_model_needs_config_json(tmp_path):
     src = make_model(tmp_path / "src")
     (src / "config.json").unlink()
-    with pytest.raises(ms.SyncError, match="has no config.json"):
-        ms.check_model(str(src), ms.scan(str(src)), set(), "X")
+    with pytest.raises(SyncError, match="has no config.json"):
+        checks.check_model(str(src), fs.scan(str(src)), set(), "X")
 
 
 def test_check_model_names_a_missing_shard(tmp_path):
     src = make_model(tmp_path / "src")
     (src / "model-00002-of-00003.safetensors").unlink()
-    with pytest.raises(ms.SyncError, match="model-00002-of-00003.safetensors"):
-        ms.check_model(str(src), ms.scan(str(src)), set(), "X")
+    with pytest.raises(SyncError, match="model-00002-of-00003.safetensors"):
+        checks.check_model(str(src), fs.scan(str(src)), set(), "X")
 
 
 def test_check_model_finds_a_truncated_shard(tmp_path):
     src = make_model(tmp_path / "src")
     shard = src / "model-00001-of-00003.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
-    files = ms.scan(str(src))
-    with pytest.raises(ms.SyncError, match="truncated or corrupt"):
-        ms.check_model(str(src), files, {"model-00001-of-00003.safetensors"}, "X")
+    files = fs.scan(str(src))
+    with pytest.raises(SyncError, match="truncated or corrupt"):
+        checks.check_model(str(src), files, {"model-00001-of-00003.safetensors"}, "X")
 
 
 def test_check_model_accepts_a_single_file_model(tmp_path):
@@ -130,14 +129,14 @@ def test_check_model_accepts_a_single_file_model(tmp_path):
     src.mkdir()
     write_shard(src / "model.safetensors", "w", 1000, 1)
     (src / "config.json").write_text("{}")
-    res = ms.check_model(str(src), ms.scan(str(src)), {"model.safetensors"}, "X")
+    res = checks.check_model(str(src), fs.scan(str(src)), {"model.safetensors"}, "X")
     assert res["weights"] == ["model.safetensors"]
     assert res["weights_bytes"] == (src / "model.safetensors").stat().st_size
 
 
 def test_dumps_matches_json():
-    data = {"a": [1, 2.5, None, True, False], "b": "quote\" back\\ nl\n tab\t \x01 ü", "c": {"z": 1, "y": []}}
-    assert json.loads(ms.dumps(data)) == data
+    data = {"a": [1, 2.5, None, True, False], "b": 'quote" back\\ nl\n tab\t \x01 ü', "c": {"z": 1, "y": []}}
+    assert json.loads(compact_json.dumps(data)) == data
 
 
 # ----------------------------------------------------------------- cache and hashing
@@ -146,11 +145,11 @@ def test_dumps_matches_json():
 def test_cache_hits_only_while_size_and_mtime_are_unchanged(tmp_path):
     f = tmp_path / "f"
     f.write_bytes(b"x" * 100)
-    state = ms.State(str(tmp_path / "state"), str(tmp_path), writable=True)
+    state = State(str(tmp_path / "state"), str(tmp_path), writable=True)
     st = os.stat(f)
     state.store(st, "abc")
     state.save()
-    again = ms.State(str(tmp_path / "state"), str(tmp_path), writable=True)
+    again = State(str(tmp_path / "state"), str(tmp_path), writable=True)
     assert again.lookup(os.stat(f)) == "abc"
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
     assert again.lookup(os.stat(f)) is None
@@ -161,18 +160,18 @@ def test_cache_hits_only_while_size_and_mtime_are_unchanged(tmp_path):
 
 
 def test_cache_is_not_written_in_check_mode(tmp_path):
-    state = ms.State(str(tmp_path / "state"), str(tmp_path), writable=False)
+    state = State(str(tmp_path / "state"), str(tmp_path), writable=False)
     state.store(os.stat(tmp_path), "abc")
     state.save()
     assert not (tmp_path / "state").exists()
 
 
 def test_a_corrupt_cache_file_is_ignored(tmp_path):
-    state = ms.State(str(tmp_path / "state"), str(tmp_path / "d"), writable=True)
+    state = State(str(tmp_path / "state"), str(tmp_path / "d"), writable=True)
     state.store(os.stat(tmp_path), "abc")
     state.save()
     Path(state.path).write_bytes(b"garbage")
-    assert ms.State(str(tmp_path / "state"), str(tmp_path / "d"), writable=True).data["inodes"] == {}
+    assert State(str(tmp_path / "state"), str(tmp_path / "d"), writable=True).data["inodes"] == {}
 
 
 def test_hash_many_runs_in_parallel_and_is_correct(tmp_path, monkeypatch):
@@ -183,7 +182,7 @@ def test_hash_many_runs_in_parallel_and_is_correct(tmp_path, monkeypatch):
         files.append((str(p), p.stat().st_size))
     seen_threads: set[int] = set()
     two_at_once = threading.Event()
-    real = ms.sha256_file
+    real = hashing.sha256_file
 
     def spy(path, counter=None):
         seen_threads.add(threading.get_ident())
@@ -192,9 +191,9 @@ def test_hash_many_runs_in_parallel_and_is_correct(tmp_path, monkeypatch):
         two_at_once.wait(5)  # a serial implementation would stall here, then fail below
         return real(path, counter)
 
-    monkeypatch.setattr(ms, "sha256_file", spy)
-    counter = ms.Counter()
-    out = ms.hash_many(files, 3, counter)
+    monkeypatch.setattr(hashing, "sha256_file", spy)
+    counter = hashing.Counter()
+    out = hashing.hash_many(files, 3, counter)
     for path, _ in files:
         assert out[path] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
     assert two_at_once.is_set() and len(seen_threads) > 1
@@ -203,15 +202,15 @@ def test_hash_many_runs_in_parallel_and_is_correct(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 3 * 1024 + 7])
 def test_mapped_and_read_hashing_agree_across_chunk_edges(tmp_path, monkeypatch, size):
-    monkeypatch.setattr(ms, "BUF_SIZE", 1024)  # many chunks, the last one partial
+    monkeypatch.setattr(hashing, "BUF_SIZE", 1024)  # many chunks, the last one partial
     path = tmp_path / "f"
     data = os.urandom(size)
     path.write_bytes(data)
     fd = os.open(path, os.O_RDONLY)
-    counter = ms.Counter()
+    counter = hashing.Counter()
     try:
-        mapped = ms.sha256_fd(fd, mapped=True, counter=counter)
-        read = ms.sha256_fd(fd, counter=counter)  # after the mapped pass: reads from the start again
+        mapped = hashing.sha256_fd(fd, mapped=True, counter=counter)
+        read = hashing.sha256_fd(fd, counter=counter)  # after the mapped pass: reads from the start again
     finally:
         os.close(fd)
     assert mapped == read == hashlib.sha256(data).hexdigest()
@@ -223,12 +222,12 @@ def test_start_writeback_leaves_a_file_intact_and_tolerates_a_libc_without_it(tm
     with open(path, "wb") as fh:
         fh.write(b"x" * 70_000)
         fh.flush()
-        ms.start_writeback(fh.fileno())
+        fs.start_writeback(fh.fileno())
     assert path.read_bytes() == b"x" * 70_000
-    monkeypatch.setattr(ms, "_SYNC_FILE_RANGE", [None])
+    monkeypatch.setattr(fs, "_SYNC_FILE_RANGE", [None])
     fd = os.open(path, os.O_RDONLY)
     try:
-        ms.start_writeback(fd)  # nothing to call: no error
+        fs.start_writeback(fd)  # nothing to call: no error
     finally:
         os.close(fd)
 
@@ -249,8 +248,8 @@ def test_every_file_is_fsynced_before_its_revision_is_published(tmp_path, monkey
         events.append(("rename", str(b)))
         return real_rename(a, b, *args, **kw)
 
-    monkeypatch.setattr(ms.os, "fsync", fsync)
-    monkeypatch.setattr(ms.os, "rename", rename)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
     res = deploy(tmp_path, src)
     revision = tmp_path / "dest/m/revisions" / res["revision"]
     published = events.index(("rename", str(revision)))
@@ -294,8 +293,8 @@ def test_check_mode_plans_without_writing(tmp_path):
     assert res["changed"]
     assert {f["path"] for f in res["plan"]["fetch"]} == {f.name for f in src.iterdir()}
     assert not (tmp_path / "dest").exists() and not (tmp_path / "state").exists()
-    diff = ms.diff_text(res, str(tmp_path / "dest/m"))
-    assert "config.json" in diff["after"]
+    shown = diff.diff_text(res, str(tmp_path / "dest/m"))
+    assert "config.json" in shown["after"]
 
 
 def test_revision_change_shares_unchanged_files_and_keeps_the_previous(tmp_path):
@@ -307,10 +306,12 @@ def test_revision_change_shares_unchanged_files_and_keeps_the_previous(tmp_path)
     assert r2 != r1
     assert [f["path"] for f in res["plan"]["fetch"]] == ["model-00003-of-00003.safetensors"]
     revs = tmp_path / "dest/m/revisions"
-    assert (revs / r1 / "model-00001-of-00003.safetensors").stat().st_ino == \
-        (revs / r2 / "model-00001-of-00003.safetensors").stat().st_ino
-    assert (revs / r1 / "model-00003-of-00003.safetensors").read_bytes() != \
-        (revs / r2 / "model-00003-of-00003.safetensors").read_bytes()
+    assert (revs / r1 / "model-00001-of-00003.safetensors").stat().st_ino == (
+        revs / r2 / "model-00001-of-00003.safetensors"
+    ).stat().st_ino
+    assert (revs / r1 / "model-00003-of-00003.safetensors").read_bytes() != (
+        revs / r2 / "model-00003-of-00003.safetensors"
+    ).read_bytes()
     assert os.readlink(tmp_path / "dest/m/current") == f"revisions/{r2}"
 
 
@@ -329,7 +330,7 @@ def test_explicit_revision_label(tmp_path):
     src = make_model(tmp_path / "src")
     res = deploy(tmp_path, src, revision="v1.0")
     assert res["revision"] == "v1.0" and (tmp_path / "dest/m/revisions/v1.0").is_dir()
-    with pytest.raises(ms.SyncError, match="not usable as a directory name"):
+    with pytest.raises(SyncError, match="not usable as a directory name"):
         engine(tmp_path, src, revision="../x").sync()
 
 
@@ -366,14 +367,14 @@ def test_mirror_manifest_mismatch_names_the_file(tmp_path):
     lines = subprocess.run("sha256sum *", shell=True, cwd=src, capture_output=True, text=True, check=True).stdout
     (src / "manifest.sha256").write_text(lines.replace(lines.split()[0], "0" * 64, 1))
     bad = lines.split()[1]
-    with pytest.raises(ms.SyncError, match=f"sha256 mismatch in {bad}"):
+    with pytest.raises(SyncError, match=f"sha256 mismatch in {bad}"):
         deploy(tmp_path, src)
     assert not (tmp_path / "dest/m/current").exists()
 
 
 def test_not_enough_disk_is_refused_before_copying(tmp_path):
     src = make_model(tmp_path / "src")
-    with pytest.raises(ms.SyncError) as exc:
+    with pytest.raises(SyncError) as exc:
         deploy(tmp_path, src, reserve_mib=1 << 40)
     msg = str(exc.value)
     assert "not enough disk space" in msg and "bytes" in msg and "nothing was copied" in msg
@@ -384,7 +385,7 @@ def test_source_without_config_json_is_refused_and_current_kept(tmp_path):
     src = make_model(tmp_path / "src")
     r1 = deploy(tmp_path, src)["revision"]
     (src / "config.json").unlink()
-    with pytest.raises(ms.SyncError, match="has no config.json"):
+    with pytest.raises(SyncError, match="has no config.json"):
         deploy(tmp_path, src)
     assert os.readlink(tmp_path / "dest/m/current") == f"revisions/{r1}"
 
@@ -395,9 +396,14 @@ def test_controller_dir_mismatch_asks_for_a_refetch(tmp_path):
     deploy(tmp_path, src)
     inc = tmp_path / "dest/m/.incoming"
     (inc / "manifest.sha256").write_text(f"{'0' * 64}  config.json\n")
-    eng = ms.Engine(str(tmp_path / "dest/m"), source={"type": "controller_dir", "path": "/nowhere"},
-                    state_dir=str(tmp_path / "state"), owner=engine(tmp_path, src).owner,
-                    group=engine(tmp_path, src).group, reserve_mib=0)
+    eng = Engine(
+        str(tmp_path / "dest/m"),
+        source={"type": "controller_dir", "path": "/nowhere"},
+        state_dir=str(tmp_path / "state"),
+        owner=engine(tmp_path, src).owner,
+        group=engine(tmp_path, src).group,
+        reserve_mib=0,
+    )
     res = eng.sync()
     assert res["refetch"] == ["config.json"] and not (inc / "config.json").exists()
 
@@ -413,24 +419,24 @@ def test_killed_copy_leaves_current_and_resumes(tmp_path):
     # Kill the engine from inside the copy of the second shard (after some bytes are written).
     script = f"""
 import os, sys, signal
-sys.path.insert(0, {str(ENGINE_PATH.parent)!r})
-import model_sync as ms
-real = ms.Counter.add
+sys.path.insert(0, {str(LIB_DIR)!r})
+from model_sync_lib import cli, fs, hashing
+real = hashing.Counter.add
 def add(self, key, n):
     real(self, key, n)
     if key == "bytes_fetched" and self.values["bytes_fetched"] > 4_000_000:
         os.kill(os.getpid(), signal.SIGKILL)
-ms.Counter.add = add
-ms.COPY_CHUNK = 1 << 20
-sys.exit(ms.cli(["deploy", {str(tmp_path / 'dest/m')!r}, "--source-path", {str(src)!r},
-                 "--state-dir", {str(tmp_path / 'state')!r}, "--reserve-mib", "0", "--workers", "1",
+hashing.Counter.add = add
+fs.COPY_CHUNK = 1 << 20
+sys.exit(cli.cli(["deploy", {str(tmp_path / "dest/m")!r}, "--source-path", {str(src)!r},
+                 "--state-dir", {str(tmp_path / "state")!r}, "--reserve-mib", "0", "--workers", "1",
                  "--owner", str(os.getuid()), "--group", str(os.getgid())]))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
     dest = tmp_path / "dest/m"
     assert os.readlink(dest / "current") == f"revisions/{r1}"
-    tmp_files = [p for p in (dest / ".incoming").iterdir() if p.name.startswith(ms.TMP_PREFIX)]
+    tmp_files = [p for p in (dest / ".incoming").iterdir() if p.name.startswith(TMP_PREFIX)]
     assert tmp_files, "an interrupted copy leaves its temporary file"
     done_before = tmp_files[0].stat().st_size
     assert done_before > 0
@@ -441,7 +447,7 @@ sys.exit(ms.cli(["deploy", {str(tmp_path / 'dest/m')!r}, "--source-path", {str(s
     assert res["revision"] != r1 and res["switched"]
     for f in src.iterdir():
         assert (dest / "current" / f.name).read_bytes() == f.read_bytes()
-    assert not [p for p in (dest / ".incoming").iterdir() if p.name.startswith(ms.TMP_PREFIX)]
+    assert not [p for p in (dest / ".incoming").iterdir() if p.name.startswith(TMP_PREFIX)]
 
 
 # ----------------------------------------------------------------- command line
@@ -449,14 +455,38 @@ sys.exit(ms.cli(["deploy", {str(tmp_path / 'dest/m')!r}, "--source-path", {str(s
 
 def test_cli_launcher_deploys_and_verifies(tmp_path):
     src = make_model(tmp_path / "src")
-    common = ["--state-dir", str(tmp_path / "state"), "--reserve-mib", "0",
-              "--owner", str(os.getuid()), "--group", str(os.getgid())]
-    out = subprocess.run([str(LAUNCHER), "deploy", str(tmp_path / "d"), "--source-path", str(src)] + common,
-                         capture_output=True, text=True, check=True).stdout
+    common = [
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--reserve-mib",
+        "0",
+        "--owner",
+        str(os.getuid()),
+        "--group",
+        str(os.getgid()),
+    ]
+    out = subprocess.run(
+        [str(LAUNCHER), "deploy", str(tmp_path / "d"), "--source-path", str(src)] + common,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     res = json.loads(out)
     assert res["changed"] and "config" not in res
-    out = subprocess.run([str(LAUNCHER), "verify", str(tmp_path / "d/current"), "--verify", "full",
-                          "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            str(LAUNCHER),
+            "verify",
+            str(tmp_path / "d/current"),
+            "--verify",
+            "full",
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert json.loads(out)["stats"]["files_hashed"] == 5
     bad = subprocess.run([str(LAUNCHER), "deploy", str(tmp_path / "d"), "--bogus"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown option --bogus" in bad.stderr
@@ -467,3 +497,58 @@ def test_cli_manifest_matches_sha256sum(tmp_path):
     ours = subprocess.run([str(LAUNCHER), "manifest", str(src)], capture_output=True, text=True, check=True).stdout
     theirs = subprocess.run("sha256sum *", shell=True, cwd=src, capture_output=True, text=True, check=True).stdout
     assert sorted(ours.splitlines()) == sorted(theirs.splitlines())
+
+
+# ----------------------------------------------------------------- the package on hosts
+
+
+def test_engine_files_of_the_role_are_the_package_modules():
+    """vars/main.yml names every module the install action writes (the converged record lists them)."""
+    import yaml
+
+    listed = yaml.safe_load((ROOT / "roles/model_sync/vars/main.yml").read_text())["_model_sync_engine_files"]
+    assert sorted(listed) == sorted(install.package_sources())
+    assert sorted(listed) == sorted(p.name for p in (LIB_DIR / "model_sync_lib").glob("*.py"))
+
+
+def test_install_writes_the_package_once_and_removes_the_single_file_engine(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "model_sync.py").write_text("# the engine of earlier versions\n")
+    owner = {"owner": str(os.getuid()), "group": str(os.getgid()), "reserve_mib": 0}
+    first = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), **owner))
+    assert first["changed"] and first["removed"] == [str(lib / "model_sync.py")]
+    for path in (LIB_DIR / "model_sync_lib").glob("*.py"):
+        assert (lib / "model_sync_lib" / path.name).read_bytes() == path.read_bytes()
+        assert (lib / "model_sync_lib" / path.name).stat().st_mode & 0o777 == 0o644
+    again = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), **owner))
+    assert again == {"changed": False, "installed": [], "removed": []}
+    (lib / "model_sync_lib" / "cli.py").chmod(0o600)
+    checked = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), check=True, **owner))
+    assert checked["changed"] and (lib / "model_sync_lib" / "cli.py").stat().st_mode & 0o777 == 0o600
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-IS",
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); "
+            "from model_sync_lib.cli import main; sys.argv[1:] = ['listing', sys.argv[2]]; main()",
+            str(lib),
+            str(LIB_DIR),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "model_sync_lib/cli.py" in out
+
+
+def test_hub_helper_runs_as_its_source_and_does_nothing_on_import():
+    """fetch_hub passes the helper file's source to python -c; importing it runs nothing."""
+    assert fetch_hub.helper_source() == (LIB_DIR / "model_sync_lib/hub_helper.py").read_text()
+    proc = subprocess.run(
+        [sys.executable, "-IS", "-c", fetch_hub.helper_source(), "info", "a/b", "main", "/x", "1"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1 and "huggingface_hub" in proc.stderr.splitlines()[-1]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "roles" / "model_sync" / "library"))
-import model_sync as ms  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "roles" / "model_sync" / "module_utils"))
+from model_sync_lib.fetch_hub import hub_failure  # noqa: E402
 
 REPO, REV, INCOMING = "Qwen/Qwen3.6-27B", "a" * 40, "/srv/models/q/.incoming"
 
@@ -43,10 +43,10 @@ def line(kind: str, status, message: str = "boom") -> str:
      f"huggingface_hub could not read the file list of {REPO}@{REV}: boom; nothing was downloaded."),
 ])
 def test_each_refusal_is_one_sentence(kind, status, token, mode, expected):
-    assert ms.hub_failure(line(kind, status), REPO, REV, mode, token, INCOMING) == expected
+    assert hub_failure(line(kind, status), REPO, REV, mode, token, INCOMING) == expected
 
 
 def test_a_line_that_is_not_json_is_quoted():
-    got = ms.hub_failure("Traceback: something odd", REPO, REV, "download", False, INCOMING)
+    got = hub_failure("Traceback: something odd", REPO, REV, "download", False, INCOMING)
     assert got == (f"huggingface_hub could not download {REPO}@{REV}: Traceback: something odd; partial downloads "
                    f"stay in {INCOMING} and the next run resumes.")

@@ -448,22 +448,10 @@ def test_summary_has_the_issue_keys() -> None:
     summary = ga.report.summarize(
         state, {"plan": {"argv": ["/v/bin/sglang", "serve", "--speculative-algorithm", "NEXTN"]}}
     )
-    required = [
-        "launched",
-        "ready_s",
-        "gate_passed",
-        "gate_tps",
-        "accept_length",
-        "sglang_version",
-        "tp_size",
-        "speculative_algorithm",
-        "mamba_scheduler_strategy",
-        "original_flags_error",
-        "bench_serving_tps",
-        "tps_ratio",
-        "cold_ready_s",
-        "warm_ready_s",
-    ]
+    required = (
+        "launched ready_s gate_passed gate_tps accept_length sglang_version tp_size speculative_algorithm "
+        "mamba_scheduler_strategy original_flags_error bench_serving_tps tps_ratio cold_ready_s warm_ready_s"
+    ).split()
     assert all(key in summary for key in required)
     assert summary["launched"] is True and summary["tps_ratio"] == round(100 / 104, 3)
     assert summary["speculative_algorithm_requested"] == "NEXTN"
@@ -782,3 +770,20 @@ def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.
     log = (dev.logs / "server-cold.log").read_text()
     assert "env SGLANG_ENABLE_SPEC_V2=1" in log and "env NCCL_NVLS_ENABLE=0" in log
     assert not ga.processes.port_open(port)
+
+
+def test_run_stops_at_the_first_failure_and_still_collects(tmp_path: Path) -> None:
+    """``run`` on a folder that prepare did not write: receive fails, no step runs, collect writes."""
+    (tmp_path / "not-a-bundle").mkdir()
+    code = ga.cli.main(
+        ["--state", str(tmp_path / "state"), "run", str(tmp_path / "not-a-bundle"), "--out", str(tmp_path / "out")]
+    )
+    assert code == 1
+    assert not (tmp_path / "state" / "state.json").exists() or "install" not in json.loads(
+        (tmp_path / "state" / "state.json").read_text()
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "gpu_acceptance.json",
+        "gpu_acceptance.md",
+        "logs.tar.gz",
+    ]

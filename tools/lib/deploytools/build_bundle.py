@@ -569,41 +569,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lock", required=True, type=Path, help="lock file (name==version per line)")
     ap.add_argument("--out", required=True, type=Path, help="wheelhouse directory to fill")
     ap.add_argument("--python-version", help="target Python, e.g. 3.12 (default: this interpreter)")
+    each = {"action": "append", "default": []}  # a repeatable option
     ap.add_argument(
         "--platform",
-        action="append",
-        default=[],
+        **each,
         help="target platform tag, e.g. manylinux_2_34_x86_64 (older manylinux tags are added; repeatable)",
     )
     ap.add_argument("--index-url", help="package index (default: pip's configuration)")
+    pattern = {**each, "metavar": "PATTERN"}
     ap.add_argument(
-        "--exclude",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="leave out matching packages, e.g. 'torch,triton,nvidia-*' (repeatable)",
+        "--exclude", **pattern, help="leave out matching packages, e.g. 'torch,triton,nvidia-*' (repeatable)"
     )
     ap.add_argument(
-        "--exclude-file",
-        type=Path,
-        action="append",
-        default=[],
-        help="file with one exclude pattern per line (# comments allowed)",
+        "--exclude-file", type=Path, **each, help="file with one exclude pattern per line (# comments allowed)"
     )
-    ap.add_argument(
-        "--keep",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="keep matching packages even if excluded or orphaned (repeatable)",
-    )
-    ap.add_argument(
-        "--only",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="select exactly the matching packages (no pruning; repeatable)",
-    )
+    ap.add_argument("--keep", **pattern, help="keep matching packages even if excluded or orphaned (repeatable)")
+    ap.add_argument("--only", **pattern, help="select exactly the matching packages (no pruning; repeatable)")
     ap.add_argument("--no-prune", action="store_true", help="keep packages that only excluded packages need")
     ap.add_argument("--list", action="store_true", help="print the selection and exit without downloading")
     pk = ap.add_argument_group("packing for another machine")
@@ -615,8 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pk.add_argument(
         "--strip",
-        action="append",
-        default=[],
+        **each,
         metavar="GLOB",
         help="delete this glob (relative to the site tree) before packing (repeatable)",
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,11 @@ class AcceptanceError(Exception):
     """A step failed; the message is one sentence for the step's output."""
 
 
+# The figures of a run that gpu_acceptance.md tables and collect prints.
+HEADLINE_KEYS = (
+    "launched ready_s gate_passed gate_tps accept_length sglang_version tp_size speculative_algorithm "
+    "mamba_scheduler_strategy bench_serving_tps tps_ratio cold_ready_s warm_ready_s"
+).split()
 # The run on the GPU host after the folders are received (``run`` and run.md): fail fast,
 # install, the seed's flags, a cold start measured by the gate and bench_serving, a warm
 # restart measured by the gate.
@@ -139,6 +145,16 @@ RUN_STEPS = [
     "restart cold warm --timeout 240",
     "gate warm",
 ]
+
+
+def nvidia_smi(query: str, fmt: str = "csv,noheader") -> str:
+    """``nvidia-smi --query-gpu=QUERY --format=FMT``'s output ('' without nvidia-smi or on a timeout)."""
+    try:
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", f"--format={fmt}"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
 
 
 def say(message: str) -> None:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ from .common import (
     AcceptanceError,
     Plan,
     flag_value,
+    nvidia_smi,
     say,
     write_json,
 )
@@ -135,12 +134,7 @@ def cmd_check(args: argparse.Namespace, dev: Device) -> int:
 def device_info() -> dict[str, Any]:
     """GPU names and driver (nvidia-smi), Python version."""
     info: dict[str, Any] = {"python": sys.version.split()[0]}
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
+    if shutil.which("nvidia-smi"):
+        out = nvidia_smi("name,driver_version,memory.total")
         info["gpus"] = [line.strip() for line in out.splitlines() if line.strip()]
     return info

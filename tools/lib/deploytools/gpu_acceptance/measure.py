@@ -127,26 +127,12 @@ def probe(url: str) -> dict[str, Any]:
     for path in ("/server_info", "/get_server_info"):
         with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
             info = http_json(url + path)
-            keys = [
-                "version",
-                "tp_size",
-                "speculative_algorithm",
-                "speculative_num_steps",
-                "speculative_eagle_topk",
-                "speculative_num_draft_tokens",
-                "mamba_scheduler_strategy",
-                "attention_backend",
-                "linear_attn_backend",
-                "sampling_backend",
-                "mem_fraction_static",
-                "max_running_requests",
-                "disable_overlap_schedule",
-                "cuda_graph_max_bs",
-                "model_path",
-                "served_model_name",
-                "host",
-                "port",
-            ]
+            keys = (
+                "version tp_size speculative_algorithm speculative_num_steps speculative_eagle_topk "
+                "speculative_num_draft_tokens mamba_scheduler_strategy attention_backend linear_attn_backend "
+                "sampling_backend mem_fraction_static max_running_requests disable_overlap_schedule "
+                "cuda_graph_max_bs model_path served_model_name host port"
+            ).split()
             result["server_info"] = {k: info.get(k) for k in keys}
             states = info.get("internal_states") or [{}]
             result["avg_spec_accept_length"] = states[0].get("avg_spec_accept_length")

@@ -28,6 +28,7 @@ from .common import (
     AcceptanceError,
     Plan,
     masked,
+    nvidia_smi,
     say,
 )
 from .device import Device
@@ -233,16 +234,7 @@ def stop_session(pid: int, grace_s: float = 60) -> dict[str, Any]:
 
 def gpu_memory_used() -> list[int]:
     """MiB in use per GPU (empty without nvidia-smi)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [int(x) for x in out.split() if x.isdigit()]
+    return [int(x) for x in nvidia_smi("memory.used", "csv,noheader,nounits").split() if x.isdigit()]
 
 
 def cmd_stop(args: argparse.Namespace, dev: Device) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import (
+    HEADLINE_KEYS,
     AcceptanceError,
     flag_value,
     say,
@@ -112,21 +113,7 @@ def summarize(state: dict[str, Any], manifest: dict[str, Any] | None) -> dict[st
 
 def markdown(summary: dict[str, Any], dev: Device) -> str:
     """gpu_acceptance.md: the headline numbers and the log excerpts that matter."""
-    keys = [
-        "launched",
-        "ready_s",
-        "gate_passed",
-        "gate_tps",
-        "accept_length",
-        "sglang_version",
-        "tp_size",
-        "speculative_algorithm",
-        "mamba_scheduler_strategy",
-        "bench_serving_tps",
-        "tps_ratio",
-        "cold_ready_s",
-        "warm_ready_s",
-    ]
+    keys = HEADLINE_KEYS
     lines = [
         "# GPU acceptance: real SGLang from our launch plan on 2x H200",
         "",
@@ -189,24 +176,7 @@ def cmd_collect(args: argparse.Namespace, dev: Device) -> int:
                 info = tarfile.TarInfo(f"logs/{path.name}")
                 info.size, info.mtime = len(data), int(time.time())
                 tar.addfile(info, io.BytesIO(data))
-    headline = {
-        k: summary[k]
-        for k in (
-            "launched",
-            "ready_s",
-            "gate_passed",
-            "gate_tps",
-            "accept_length",
-            "sglang_version",
-            "tp_size",
-            "speculative_algorithm",
-            "mamba_scheduler_strategy",
-            "bench_serving_tps",
-            "tps_ratio",
-            "cold_ready_s",
-            "warm_ready_s",
-        )
-    }
+    headline = {k: summary[k] for k in HEADLINE_KEYS}
     say("summary " + json.dumps(headline))
     say(f"original_flags_error: {summary['original_flags_error']}")
     say(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} to {out}")

@@ -20,8 +20,9 @@ The Ansible filter ``memory_budget`` returns :meth:`Budget.as_dict`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 try:  # Ansible is optional: tools and tests import this module directly.
     from ansible.errors import AnsibleFilterError
@@ -32,7 +33,8 @@ GIB = 1024**3
 MIB = 1024**2
 
 # Memory the CUDA context, NCCL and torch take before the weights load, per GPU. Measured
-# with SGLang 0.5.11 on one H200 (bench: ../shared/facts/sglang-real-size.md): nvidia-smi's
+# with SGLang 0.5.11 on one H200 (bench/realsize; figures in
+# tests/fixtures/sglang_realsize_h200_logged.json): nvidia-smi's
 # 143771 MiB are 140.40 GiB, and SGLang logged 88.07 GiB available after 51.05 GiB of weights,
 # so 139.12 GiB were available before them (get_available_gpu_memory in
 # ModelRunner.init_torch_distributed). Not measured at TP 2 (NCCL may take more there).
@@ -637,7 +639,8 @@ def _refuse(flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target:
     if not budget.starts:
         left = budget.static_gib - budget.weights_gib
         raise PlanError(
-            f"the memory budget per GPU cannot start SGLang: with {frac} and {running}, the weights ({gib(budget.weights_gib)}) leave {gib(left)} of the "
+            f"the memory budget per GPU cannot start SGLang: with {frac} and {running}, the weights "
+            f"({gib(budget.weights_gib)}) leave {gib(left)} of the "
             f"{gib(budget.static_gib)} static pools, and the speculative verify buffers for "
             f"{budget.requested_running} requests ({gib(budget.verify_reserved_gib)}) leave "
             f"{'no room for the KV cache' if budget.kv_tokens <= 0 else 'no mamba slot for one request'} "

@@ -12,7 +12,7 @@ CHECK_SCRIPT = REPO / "roles" / "inference_server" / "files" / "check-launch-arg
 QWEN_CONFIG = REPO / "files" / "models" / "qwen3.6-27b.config.json"
 TINY_CONFIG = REPO / "tests" / "fixtures" / "tiny-qwen3.5-flat.config.json"
 
-# The origin story's by-hand launch (../shared/facts/origin.md), without --model-path:
+# The origin story's by-hand launch (docs/launch-plan.md, the flags below), without --model-path:
 #   python3 -m sglang.launch_server --model-path ... --speculative-algorithm NEXTN
 #   --speculative-num-draft-tokens 1 --tensor-parallel-size 2 --port 30000 --host 0.0.0.0
 #   --trust-remote-code --dtype bfloat16

@@ -1,11 +1,11 @@
 """Tests of the GPU acceptance tools (CPU only): tools/build-bundle, tools/lock-profile,
-tools/gpu-acceptance and the acceptance mode of tools/make-tiny-model."""
+tools/gpu-acceptance (deploytools.build_bundle, deploytools.gpu_acceptance) and the
+acceptance mode of tools/make-tiny-model."""
+
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.machinery
-import importlib.util
 import io
 import json
 import os
@@ -13,31 +13,20 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import deploytools.gpu_acceptance.cli  # noqa: F401  (imports every module of the package)
 import pytest
+from conftest import load_tool
+from deploytools import build_bundle
+from deploytools import gpu_acceptance as ga
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "roles" / "ml_env" / "files" / "locks" / "sglang-0.5.11.txt"
 
 
-def load(name: str) -> ModuleType:
-    """Import a tools/ script (no .py suffix) as a module."""
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(REPO / "tools" / name))
-    if loader.name in sys.modules:  # one module object per tool, so its classes compare equal
-        return sys.modules[loader.name]
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[loader.name] = module
-    loader.exec_module(module)
-    return module
-
-
-bb = load("build-bundle")
-lp = load("lock-profile")
-ga = load("gpu-acceptance")
+bb = build_bundle
+lp = load_tool("lock-profile")
 
 SAMPLE_LOCK = """\
 # title: sample
@@ -56,6 +45,7 @@ shared==3.0  # via app, big-core
 # --------------------------------------------------------------------------------------
 # build-bundle: lock parsing and selection
 # --------------------------------------------------------------------------------------
+
 
 def test_parse_lock_reads_pins_markers_and_via() -> None:
     entries = bb.parse_lock_text(SAMPLE_LOCK)
@@ -114,8 +104,22 @@ def test_platform_expansion_and_sizes() -> None:
 def test_list_mode_prints_the_selection(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     lock = tmp_path / "lock.txt"
     lock.write_text(SAMPLE_LOCK)
-    assert bb.main(["--lock", str(lock), "--out", str(tmp_path / "w"), "--python-version", "3.10",
-                    "--exclude", "big-core", "--list"]) == 0
+    assert (
+        bb.main(
+            [
+                "--lock",
+                str(lock),
+                "--out",
+                str(tmp_path / "w"),
+                "--python-version",
+                "3.10",
+                "--exclude",
+                "big-core",
+                "--list",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.split() == ["app==1.0", "helper==0.1", "shared==3.0"]
     assert not (tmp_path / "w").exists()
 
@@ -123,6 +127,7 @@ def test_list_mode_prints_the_selection(tmp_path: Path, capsys: pytest.CaptureFi
 # --------------------------------------------------------------------------------------
 # build-bundle: split, join, pack
 # --------------------------------------------------------------------------------------
+
 
 def test_split_and_join_round_trip(tmp_path: Path) -> None:
     data = os.urandom(10_000)
@@ -165,6 +170,7 @@ def test_pack_strips_and_round_trips_through_tar_xz(tmp_path: Path) -> None:
 # The committed SGLang lock and the H200 selection
 # --------------------------------------------------------------------------------------
 
+
 def test_sglang_lock_is_complete_for_each_python() -> None:
     text = LOCK.read_text()
     header = bb.lock_header(text)
@@ -189,7 +195,7 @@ uvicorn watchfiles wcwidth xgrammar""".split()
 
 
 def test_h200_selection_carries_the_proven_set() -> None:
-    chosen = {bb.normalize_name(pin.split("==")[0]) for pin in ga.current_selection(LOCK)}
+    chosen = {bb.normalize_name(pin.split("==")[0]) for pin in ga.prepare.current_selection(LOCK)}
     assert len(RECIPE_58) == 58 and set(RECIPE_58) <= chosen
     # sglang.bench_serving imports datasets; interegular is a declared sglang dependency
     assert chosen - set(RECIPE_58) == {"datasets", "multiprocess", "interegular"}
@@ -201,6 +207,7 @@ def test_h200_selection_carries_the_proven_set() -> None:
 # lock-profile
 # --------------------------------------------------------------------------------------
 
+
 def test_marker_for_partitions_the_targets() -> None:
     targets = ["3.10", "3.11", "3.12"]
     assert lp.marker_for(targets, targets) == ""
@@ -210,29 +217,52 @@ def test_marker_for_partitions_the_targets() -> None:
     assert lp.marker_for(["3.10", "3.12"], targets) == 'python_version == "3.10" or python_version == "3.12"'
 
 
-def report(python: str, items: list[tuple[str, str, list[str], bool]], extras: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def report(
+    python: str, items: list[tuple[str, str, list[str], bool]], extras: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """A minimal pip --report: (name, version, requires_dist, requested)."""
     env = bb.marker_environment(python)
-    return {"environment": env, "install": [
-        {"requested": req, "requested_extras": (extras or {}).get(name),
-         "metadata": {"name": name, "version": version, "requires_dist": deps}}
-        for name, version, deps, req in items]}
+    return {
+        "environment": env,
+        "install": [
+            {
+                "requested": req,
+                "requested_extras": (extras or {}).get(name),
+                "metadata": {"name": name, "version": version, "requires_dist": deps},
+            }
+            for name, version, deps, req in items
+        ],
+    }
 
 
 def test_merge_writes_markers_and_via_and_self_checks() -> None:
     reports = {
-        "3.10": report("3.10", [("app", "1.0", ["lib[fast]", 'old>=1 ; python_version < "3.11"'], True),
-                                ("lib", "2.0", ['speed ; extra == "fast"', 'unused ; extra == "slow"'], False),
-                                ("speed", "1.0", [], False), ("old", "1.1", [], False)]),
-        "3.12": report("3.12", [("app", "1.0", ["lib[fast]", 'old>=1 ; python_version < "3.11"'], True),
-                                ("lib", "2.1", ['speed ; extra == "fast"'], False), ("speed", "1.0", [], False)]),
+        "3.10": report(
+            "3.10",
+            [
+                ("app", "1.0", ["lib[fast]", 'old>=1 ; python_version < "3.11"'], True),
+                ("lib", "2.0", ['speed ; extra == "fast"', 'unused ; extra == "slow"'], False),
+                ("speed", "1.0", [], False),
+                ("old", "1.1", [], False),
+            ],
+        ),
+        "3.12": report(
+            "3.12",
+            [
+                ("app", "1.0", ["lib[fast]", 'old>=1 ; python_version < "3.11"'], True),
+                ("lib", "2.1", ['speed ; extra == "fast"'], False),
+                ("speed", "1.0", [], False),
+            ],
+        ),
     }
     lines = lp.merge(reports)
-    assert lines == ["app==1.0  # requested",
-                     'lib==2.0 ; python_version < "3.12"  # via app',
-                     'lib==2.1 ; python_version >= "3.12"  # via app',
-                     'old==1.1 ; python_version < "3.12"  # via app',
-                     "speed==1.0  # via lib"]
+    assert lines == [
+        "app==1.0  # requested",
+        'lib==2.0 ; python_version < "3.12"  # via app',
+        'lib==2.1 ; python_version >= "3.12"  # via app',
+        'old==1.1 ; python_version < "3.12"  # via app',
+        "speed==1.0  # via lib",
+    ]
     text = lp.render("t", ["app==1.0"], ["3.10", "3.12"], [], "https://example.invalid/simple", lines, Path("x"))
     lp.check(text, reports)
     with pytest.raises(bb.BundleError, match="does not reproduce"):
@@ -243,21 +273,39 @@ def test_merge_writes_markers_and_via_and_self_checks() -> None:
 # gpu-acceptance
 # --------------------------------------------------------------------------------------
 
+
 def plan_dict(tmp: Path) -> dict[str, Any]:
-    return {"argv": [str(tmp / "venv" / "bin" / "sglang"), "serve", "--model-path", str(tmp / "models" / "tiny"),
-                     "--tensor-parallel-size", "2", "--host", "0.0.0.0", "--port=30111", "--mem-fraction-static", "0.5"],
-            "env": {"SGLANG_ENABLE_SPEC_V2": "1", "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
-                    "NCCL_NVLS_ENABLE": "1", "API_KEY": "s3cret"},
-            "notes": []}
+    return {
+        "argv": [
+            str(tmp / "venv" / "bin" / "sglang"),
+            "serve",
+            "--model-path",
+            str(tmp / "models" / "tiny"),
+            "--tensor-parallel-size",
+            "2",
+            "--host",
+            "0.0.0.0",
+            "--port=30111",
+            "--mem-fraction-static",
+            "0.5",
+        ],
+        "env": {
+            "SGLANG_ENABLE_SPEC_V2": "1",
+            "TRITON_CACHE_DIR": str(tmp / "cache" / "triton"),
+            "NCCL_NVLS_ENABLE": "1",
+            "API_KEY": "s3cret",
+        },
+        "notes": [],
+    }
 
 
 def test_plan_is_read_not_built(tmp_path: Path) -> None:
-    plan = ga.Plan.from_dict(plan_dict(tmp_path))
+    plan = ga.common.Plan.from_dict(plan_dict(tmp_path))
     assert plan.venv_dir == tmp_path / "venv" and plan.model_path == tmp_path / "models" / "tiny"
     assert plan.port == 30111 and plan.url == "http://127.0.0.1:30111"
     for bad in ({"argv": ["python", "-m", "sglang.launch_server"]}, {"argv": ["/v/bin/sglang", "serve"]}, []):
-        with pytest.raises(ga.AcceptanceError):
-            ga.Plan.from_dict(bad)
+        with pytest.raises(ga.common.AcceptanceError):
+            ga.common.Plan.from_dict(bad)
 
 
 def test_plan_renders_through_the_role(tmp_path: Path) -> None:
@@ -265,11 +313,11 @@ def test_plan_renders_through_the_role(tmp_path: Path) -> None:
     host: the sglang_servers settings, the role's cache environment, the one override."""
     config = tmp_path / "config.json"
     config.write_text((REPO / "files" / "models" / "qwen3.6-27b.config.json").read_text())
-    plan = ga.Plan.from_dict(ga.render_plan(config, 18_000_000, "/root/models/tiny"))
+    plan = ga.common.Plan.from_dict(ga.prepare.render_plan(config, 18_000_000, "/root/models/tiny"))
     lock_sha = hashlib.sha256((REPO / "roles/ml_env/files/locks/sglang-0.5.11.txt").read_bytes()).hexdigest()
     assert plan.venv_dir == Path(f"/root/ml-env.d/{lock_sha[:12]}") and plan.model_path == Path("/root/models/tiny")
-    assert ga.flag_value(plan.argv, "--mem-fraction-static") == "0.5"
-    assert ga.flag_value(plan.argv, "--speculative-algorithm") == "NEXTN"
+    assert ga.common.flag_value(plan.argv, "--mem-fraction-static") == "0.5"
+    assert ga.common.flag_value(plan.argv, "--speculative-algorithm") == "NEXTN"
     assert plan.env["SGLANG_ENABLE_SPEC_V2"] == "1"
     assert plan.env["TRITON_CACHE_DIR"].startswith("/var/cache/inference-server")
 
@@ -277,91 +325,133 @@ def test_plan_renders_through_the_role(tmp_path: Path) -> None:
 def test_server_env_is_the_plan_env_plus_device_allowances(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    plan = ga.Plan.from_dict(plan_dict(tmp_path))
-    env, added = ga.server_env(plan)
+    plan = ga.common.Plan.from_dict(plan_dict(tmp_path))
+    env, added = ga.processes.server_env(plan)
     assert "PYTHONPATH" not in env
     assert env["SGLANG_ENABLE_SPEC_V2"] == "1" and env["TRITON_CACHE_DIR"] == plan.env["TRITON_CACHE_DIR"]
     assert env["NCCL_NVLS_ENABLE"] == "0" and added["NCCL_NVLS_ENABLE"] == "0"  # forced, and reported
     assert env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1" and env["NVSHMEM_DISABLE_NVLS"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1" and "SGLANG_ENABLE_SPEC_V2" not in added
-    assert ga.cache_dirs(plan.env) == [tmp_path / "cache" / "triton"]
-    assert ga.masked(plan.env)["API_KEY"] == "***"
+    assert ga.processes.cache_dirs(plan.env) == [tmp_path / "cache" / "triton"]
+    assert ga.common.masked(plan.env)["API_KEY"] == "***"
 
 
 def test_jit_cache_folders_follow_the_plan(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path / "home"), "TRITON_CACHE_DIR": str(tmp_path / "triton"), "CUDA_HOME": "/usr/local/cuda",
-           "PATH": "/usr/bin:/bin"}
-    assert ga.cache_dirs(env) == [tmp_path / "home", tmp_path / "triton"]
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+        "CUDA_HOME": "/usr/local/cuda",
+        "PATH": "/usr/bin:/bin",
+    }
+    assert ga.processes.cache_dirs(env) == [tmp_path / "home", tmp_path / "triton"]
     (tmp_path / "home" / ".cache" / "flashinfer").mkdir(parents=True)
     (tmp_path / "home" / ".cache" / "flashinfer" / "k.so").write_bytes(b"x" * 10)
-    sizes = ga.jit_cache_sizes(env)
+    sizes = ga.processes.jit_cache_sizes(env)
     assert sizes[str(tmp_path / "home" / ".cache" / "flashinfer")] == 10
     assert sizes[str(tmp_path / "triton")] == 0
 
 
-def test_calls_fit_the_device_limits() -> None:
-    files = [("site.tar.xz.part000", 56 * 2**20), ("site.tar.xz.part001", 56 * 2**20),
-             ("site.tar.xz.part002", 40 * 2**20), ("model.tar.gz", 14 * 2**20)]
-    folders = ga.plan_calls(files, 56 * 2**20)
+def test_bundle_folders_follow_the_part_size() -> None:
+    files = [
+        ("site.tar.xz.part000", 56 * 2**20),
+        ("site.tar.xz.part001", 56 * 2**20),
+        ("site.tar.xz.part002", 40 * 2**20),
+        ("model.tar.gz", 14 * 2**20),
+    ]
+    assert ga.prepare.split_folders(files, None) == [[name for name, _ in files]]  # no part size: one folder
+    folders = ga.prepare.split_folders(files, 56 * 2**20)
     assert folders == [["site.tar.xz.part000"], ["site.tar.xz.part001"], ["site.tar.xz.part002", "model.tar.gz"]]
-    with pytest.raises(ga.AcceptanceError):
-        ga.plan_calls([("huge", 57 * 2**20)], 56 * 2**20)
-    calls = ga.call_sequence(["1", "2", "3"], ".gpuw")
-    assert len(calls) == 4 and calls[0]["kind"] == "nvidia-h200-x2"
-    assert [c["carry"] for c in calls] == [[".gpuw/1"], [".gpuw/2"], [".gpuw/3"], []]
-    assert all(len(c["command"]) <= 2000 and len(c["carry"]) <= 8 and c["timeout_s"] <= 600 for c in calls)
-    assert all(c["command"].rstrip().endswith("collect") for c in calls[2:])
-    assert calls[0]["command"].endswith("&& python3 tools/gpu-acceptance check")
+    with pytest.raises(ga.common.AcceptanceError):
+        ga.prepare.split_folders([("huge", 57 * 2**20)], 56 * 2**20)
+    commands = ga.prepare.run_commands(["1", "2", "3"], ".gpuw")
+    assert commands[0] == "python3 tools/gpu-acceptance run .gpuw/1 .gpuw/2 .gpuw/3"
+    assert commands[1:4] == [f"python3 tools/gpu-acceptance receive .gpuw/{i}" for i in (1, 2, 3)]
+    assert commands[4] == "python3 tools/gpu-acceptance check" and commands[-1].endswith(" collect")
+    assert "--part-size" in ga.prepare.bundle_args(LOCK, Path("w"), Path("p"), "56M")
+    assert "--part-size" not in ga.prepare.bundle_args(LOCK, Path("w"), Path("p"))
 
 
 def test_original_flags_error_is_found_in_a_log() -> None:
-    log = ("[2026-11-29] server_args=...\nTraceback (most recent call last):\n  File \"x\", line 1\n"
-           "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix "
-           "cache when using --mamba-scheduler-strategy no_buffer.To use radix cache ...\n")
-    error = ga.error_line(log)
+    log = (
+        '[2026-11-29] server_args=...\nTraceback (most recent call last):\n  File "x", line 1\n'
+        "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix "
+        "cache when using --mamba-scheduler-strategy no_buffer.To use radix cache ...\n"
+    )
+    error = ga.measure.error_line(log)
     assert error is not None and error.startswith("ValueError: Speculative decoding")
-    assert ga.EXPECTED_REFUSAL in error
-    assert ga.ORIGINAL_FLAGS[:4] == ["--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "1"]
+    assert ga.common.EXPECTED_REFUSAL in error
+    assert ga.common.ORIGINAL_FLAGS[:4] == ["--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "1"]
 
 
 def test_reports_are_read_tolerantly() -> None:
-    text = 'waiting...\n{"partial": 1}\nnoise {"passed": true, "measure": {"decode_tps": 97.5, "sglang": ' \
-           '{"accept_length": 1.02}}, "prompts": ["a", "b"]}\n'
-    found = ga.last_json_object(text)
-    assert ga.find_value(found, ["decode_tps"]) == 97.5
-    assert ga.find_value(found, ["accept_length"]) == 1.02
-    assert ga.last_json_object("no json") is None
+    text = (
+        'waiting...\n{"partial": 1}\nnoise {"passed": true, "measure": {"decode_tps": 97.5, "sglang": '
+        '{"accept_length": 1.02}}, "prompts": ["a", "b"]}\n'
+    )
+    found = ga.measure.last_json_object(text)
+    assert ga.measure.find_value(found, ["decode_tps"]) == 97.5
+    assert ga.measure.find_value(found, ["accept_length"]) == 1.02
+    assert ga.measure.last_json_object("no json") is None
 
 
 def test_gate_figures_follow_the_gate_report_schema() -> None:
     """Per-request means, not the aggregate's totals or the first request's figure."""
-    report = {"aggregate": {"requests": 8, "prompt_tokens": 2756, "completion_tokens": 1981,
-                            "decode_tps_mean": 118.875, "decode_tps_min": 104.448},
-              "settings": {"max_tokens": 256}, "speculative": {"accept_length": 1.001},
-              "requests": [{"decode_tps": 104.448, "prompt_tokens": 354}]}
-    assert ga.gate_figures(report) == {"tps": 118.875, "accept_length": 1.001, "prompt_tokens": 344,
-                                       "output_len": 256}
+    report = {
+        "aggregate": {
+            "requests": 8,
+            "prompt_tokens": 2756,
+            "completion_tokens": 1981,
+            "decode_tps_mean": 118.875,
+            "decode_tps_min": 104.448,
+        },
+        "settings": {"max_tokens": 256},
+        "speculative": {"accept_length": 1.001},
+        "requests": [{"decode_tps": 104.448, "prompt_tokens": 354}],
+    }
+    assert ga.measure.gate_figures(report) == {
+        "tps": 118.875,
+        "accept_length": 1.001,
+        "prompt_tokens": 344,
+        "output_len": 256,
+    }
 
 
 def test_bench_prompts_are_the_gates_own_texts() -> None:
-    texts = ga.gate_prompts()
+    texts = ga.measure.gate_prompts()
     prompts = json.loads((REPO / "roles/health_gate/files/prompts.json").read_text())["prompts"]
     assert len(texts) == len(prompts)
     assert all(len(t) > 40 for t in texts)
 
 
 def test_summary_has_the_issue_keys() -> None:
-    state = {"servers": {"cold": {"ready_s": 290.0}, "warm": {"ready_s": 40.0}},
-             "gate": {"cold": {"passed": True, "tps": 100.0, "accept_length": 1.01, "source": "tools/health-gate",
-                               "probe": {"server_info": {"version": "0.5.11", "tp_size": 2,
-                                                         "speculative_algorithm": "EAGLE",
-                                                         "mamba_scheduler_strategy": "extra_buffer"}}}},
-             "bench": {"cold": {"tps": 104.0, "tps_metric": "tpot"}},
-             "original_flags": {"error": "ValueError: ... not compatible with radix cache ..."}}
-    summary = ga.summarize(state, {"plan": {"argv": ["/v/bin/sglang", "serve", "--speculative-algorithm", "NEXTN"]}})
-    required = ["launched", "ready_s", "gate_passed", "gate_tps", "accept_length", "sglang_version", "tp_size",
-                "speculative_algorithm", "mamba_scheduler_strategy", "original_flags_error", "bench_serving_tps",
-                "tps_ratio", "cold_ready_s", "warm_ready_s"]
+    state = {
+        "servers": {"cold": {"ready_s": 290.0}, "warm": {"ready_s": 40.0}},
+        "gate": {
+            "cold": {
+                "passed": True,
+                "tps": 100.0,
+                "accept_length": 1.01,
+                "source": "tools/health-gate",
+                "probe": {
+                    "server_info": {
+                        "version": "0.5.11",
+                        "tp_size": 2,
+                        "speculative_algorithm": "EAGLE",
+                        "mamba_scheduler_strategy": "extra_buffer",
+                    }
+                },
+            }
+        },
+        "bench": {"cold": {"tps": 104.0, "tps_metric": "tpot"}},
+        "original_flags": {"error": "ValueError: ... not compatible with radix cache ..."},
+    }
+    summary = ga.report.summarize(
+        state, {"plan": {"argv": ["/v/bin/sglang", "serve", "--speculative-algorithm", "NEXTN"]}}
+    )
+    required = (
+        "launched ready_s gate_passed gate_tps accept_length sglang_version tp_size speculative_algorithm "
+        "mamba_scheduler_strategy original_flags_error bench_serving_tps tps_ratio cold_ready_s warm_ready_s"
+    ).split()
     assert all(key in summary for key in required)
     assert summary["launched"] is True and summary["tps_ratio"] == round(100 / 104, 3)
     assert summary["speculative_algorithm_requested"] == "NEXTN"
@@ -370,15 +460,17 @@ def test_summary_has_the_issue_keys() -> None:
 
 def test_ratio_pairs_the_gate_and_bench_of_the_same_server() -> None:
     """Never a cold gate against a warm bench: each server's pair, the latest one headlined."""
-    state = {"servers": {"cold": {"ready_s": 300.0}, "warm": {"ready_s": 70.0}},
-             "gate": {"cold": {"passed": True, "tps": 135.5}, "warm": {"passed": True, "tps": 115.5}},
-             "bench": {"cold": {"tps": 99.5}, "warm": {"tps": 115.3}}}
-    summary = ga.summarize(state, None)
+    state = {
+        "servers": {"cold": {"ready_s": 300.0}, "warm": {"ready_s": 70.0}},
+        "gate": {"cold": {"passed": True, "tps": 135.5}, "warm": {"passed": True, "tps": 115.5}},
+        "bench": {"cold": {"tps": 99.5}, "warm": {"tps": 115.3}},
+    }
+    summary = ga.report.summarize(state, None)
     assert summary["tps_pairs"]["cold"]["ratio"] == round(135.5 / 99.5, 3)
     assert (summary["tps_ratio_server"], summary["tps_ratio"]) == ("warm", round(115.5 / 115.3, 3))
     assert summary["gate_tps"] == 115.5 and summary["bench_serving_tps"] == 115.3
     state["gate"]["warm"]["passed"] = False
-    assert ga.summarize(state, None)["gate_passed"] is False
+    assert ga.report.summarize(state, None)["gate_passed"] is False
 
 
 def test_model_archive_is_deterministic(tmp_path: Path) -> None:
@@ -386,9 +478,9 @@ def test_model_archive_is_deterministic(tmp_path: Path) -> None:
     (src / "sub").mkdir(parents=True)
     (src / "config.json").write_text("{}")
     (src / "sub" / "w.bin").write_bytes(b"123")
-    ga.deterministic_tgz(src, tmp_path / "a.tgz", "model")
+    ga.prepare.deterministic_tgz(src, tmp_path / "a.tgz", "model")
     os.utime(src / "config.json", (1, 1))
-    ga.deterministic_tgz(src, tmp_path / "b.tgz", "model")
+    ga.prepare.deterministic_tgz(src, tmp_path / "b.tgz", "model")
     assert (tmp_path / "a.tgz").read_bytes() == (tmp_path / "b.tgz").read_bytes()
     with tarfile.open(tmp_path / "a.tgz") as tar:
         assert tar.getnames() == ["model", "model/config.json", "model/sub", "model/sub/w.bin"]
@@ -402,10 +494,10 @@ def test_unpack_site_with_and_without_binaries(tmp_path: Path, monkeypatch: pyte
     (site / "pkg" / "data.bin").write_bytes(payload)
     manifest = bb.pack(site, tmp_path / "parts", part_size=50_000, xz_threads=1, xz_level=1)
     if not binaries:
-        monkeypatch.setattr(ga.shutil, "which", lambda name: None)
+        monkeypatch.setattr(ga.install.shutil, "which", lambda name: None)
     dest = tmp_path / "dest"
     dest.mkdir()
-    ga.unpack_site(tmp_path / "parts", manifest, dest)
+    ga.install.unpack_site(tmp_path / "parts", manifest, dest)
     assert (dest / "pkg" / "data.bin").read_bytes() == payload
 
 
@@ -422,29 +514,30 @@ def test_receive_and_install_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     packed["python_version"] = f"{sys.version_info.major}.{sys.version_info.minor}"
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen3_5"}')
-    ga.deterministic_tgz(tmp_path / "model", tmp_path / "pack" / ga.MODEL_ARCHIVE, "model")
-    model = {"archive": ga.MODEL_ARCHIVE, "sha256": bb.sha256_file(tmp_path / "pack" / ga.MODEL_ARCHIVE)}
+    ga.prepare.deterministic_tgz(tmp_path / "model", tmp_path / "pack" / ga.common.MODEL_ARCHIVE, "model")
+    model = {"archive": ga.common.MODEL_ARCHIVE, "sha256": bb.sha256_file(tmp_path / "pack" / ga.common.MODEL_ARCHIVE)}
     manifest = {"bundle": packed, "model": model, "plan": plan_dict(tmp_path)}
     carried = tmp_path / "carried"
     carried.mkdir()
-    for name in [p["name"] for p in packed["parts"]] + [ga.MODEL_ARCHIVE]:
+    for name in [p["name"] for p in packed["parts"]] + [ga.common.MODEL_ARCHIVE]:
         (carried / name).write_bytes((tmp_path / "pack" / name).read_bytes())
-    (carried / ga.MANIFEST).write_text(json.dumps(manifest))
-    dev = ga.Device(tmp_path / "state")
-    assert ga.cmd_receive(argparse.Namespace(folder=carried), dev) == 0
-    monkeypatch.setattr(ga, "IMPORT_CHECK", "import json; print(json.dumps({'import_s': 0, 'sglang': 'fake'}))")
-    assert ga.cmd_install(argparse.Namespace(), dev) == 0
+    (carried / ga.common.MANIFEST).write_text(json.dumps(manifest))
+    dev = ga.device.Device(tmp_path / "state")
+    assert ga.device.cmd_receive(argparse.Namespace(folder=carried), dev) == 0
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "import json; print(json.dumps({'import_s': 0, 'sglang': 'fake'}))")
+    assert ga.install.cmd_install(argparse.Namespace(), dev) == 0
     venv_dir = tmp_path / "venv"
     out = subprocess.run([str(venv_dir / "bin" / "sglang")], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "fake sglang ran"
     assert (tmp_path / "models" / "tiny" / "config.json").is_file()
-    assert (ga.site_packages(venv_dir) / "_gpu_acceptance_image_site.pth").is_file()
+    assert (ga.install.site_packages(venv_dir) / "_gpu_acceptance_image_site.pth").is_file()
     assert dev.load()["install"]["console_scripts"] == 1
 
 
 # --------------------------------------------------------------------------------------
 # make-tiny-model --vision --with-mtp (needs the CPU lock's venv: torch, transformers)
 # --------------------------------------------------------------------------------------
+
 
 def model_python() -> str:
     """The transformers-cpu venv's python that CI builds before pytest (make tools-venv)."""
@@ -461,8 +554,11 @@ def acceptance_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     dirs = []
     for run in ("a", "b"):
         out = tmp_path_factory.mktemp("tiny") / run
-        subprocess.run([python, str(REPO / "tools" / "make-tiny-model"), "--out", str(out), "--vision", "--with-mtp"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [python, str(REPO / "tools" / "make-tiny-model"), "--out", str(out), "--vision", "--with-mtp"],
+            check=True,
+            capture_output=True,
+        )
         dirs.append(out)
     return dirs[0], dirs[1]
 
@@ -491,8 +587,14 @@ def test_acceptance_model_mirrors_qwen36_27b(acceptance_models: tuple[Path, Path
     assert set(cfg) == set(real) and set(text) == set(real["text_config"])
     weight_map = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
     mtp = {k for k in weight_map if k.startswith("mtp.")}
-    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
-            "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.down_proj.weight"} <= mtp
+    assert {
+        "mtp.fc.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.norm.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+        "mtp.layers.0.mlp.down_proj.weight",
+    } <= mtp
     assert any(k.startswith("model.visual.") for k in weight_map) and "lm_head.weight" in weight_map
     for name in ("preprocessor_config.json", "video_preprocessor_config.json", "tokenizer.json", "chat_template.json"):
         assert (model / name).is_file()
@@ -511,7 +613,8 @@ def test_acceptance_model_loads_with_transformers(acceptance_models: tuple[Path,
         "idx = json.load(open(sys.argv[1] + '/model.safetensors.index.json'))['weight_map']\n"
         "f = idx['mtp.fc.weight']\n"
         "with safe_open(sys.argv[1] + '/' + f, 'pt') as fh: shape = list(fh.get_tensor('mtp.fc.weight').shape)\n"
-        "print(json.dumps({'new_tokens': out.shape[1] - ids['input_ids'].shape[1], 'fc': shape}))\n")
+        "print(json.dumps({'new_tokens': out.shape[1] - ids['input_ids'].shape[1], 'fc': shape}))\n"
+    )
     done = subprocess.run([model_python(), "-c", script, str(acceptance_models[0])], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -523,7 +626,7 @@ def test_acceptance_model_loads_with_transformers(acceptance_models: tuple[Path,
 # bench plumbing, original flags, restart, collect.
 # --------------------------------------------------------------------------------------
 
-FAKE_SERVER = r'''
+FAKE_SERVER = r"""
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -571,22 +674,25 @@ def main():
     print("env SGLANG_ENABLE_SPEC_V2=" + os.environ.get("SGLANG_ENABLE_SPEC_V2", "unset"), flush=True)
     print("env NCCL_NVLS_ENABLE=" + os.environ.get("NCCL_NVLS_ENABLE", "unset"), flush=True)
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
-'''
+"""
 
 FAKE_LAUNCH_SERVER = (
     "raise ValueError('Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix cache "
     "when using --mamba-scheduler-strategy no_buffer.To use radix cache with speculative decoding, please use "
-    "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.')\n")
+    "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.')\n"
+)
 
 FAKE_BENCH = (
     "import json, sys\n"
     "out = sys.argv[sys.argv.index('--output-file') + 1]\n"
     "open(out, 'a').write(json.dumps({'completed': 8, 'output_throughput': 90.0, 'mean_tpot_ms': 10.0,"
-    " 'accept_length': 1.0, 'max_concurrency': 1}) + '\\n')\n")
+    " 'accept_length': 1.0, 'max_concurrency': 1}) + '\\n')\n"
+)
 
 
 def free_port() -> int:
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -601,40 +707,53 @@ def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.
     (site / "sglang" / "bench_serving.py").write_text(FAKE_BENCH)
     (site / "sglang-0.5.11.dist-info").mkdir()
     (site / "sglang-0.5.11.dist-info" / "entry_points.txt").write_text(
-        "[console_scripts]\nsglang = sglang.fake_server:main\n")
+        "[console_scripts]\nsglang = sglang.fake_server:main\n"
+    )
     packed = bb.pack(site, tmp_path / "pack", part_size=1 << 20, xz_threads=1, xz_level=1)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    ga.deterministic_tgz(tmp_path / "m", tmp_path / "pack" / ga.MODEL_ARCHIVE, "model")
+    ga.prepare.deterministic_tgz(tmp_path / "m", tmp_path / "pack" / ga.common.MODEL_ARCHIVE, "model")
     port = free_port()
     plan = plan_dict(tmp_path)
     plan["argv"] = [a if not a.startswith("--port=") else f"--port={port}" for a in plan["argv"]]
     plan["argv"] += ["--port", str(port)]
-    manifest = {"bundle": packed, "plan": plan, "gate_args": [],
-                "model": {"archive": ga.MODEL_ARCHIVE, "sha256": bb.sha256_file(tmp_path / "pack" / ga.MODEL_ARCHIVE)},
-                "bench": {"input_len": 16, "output_len": 32, "num_prompts": 2, "max_concurrency": 1, "tps_metric": "tpot"}}
-    (tmp_path / "pack" / ga.MANIFEST).write_text(json.dumps(manifest))
+    manifest = {
+        "bundle": packed,
+        "plan": plan,
+        "gate_args": [],
+        "model": {
+            "archive": ga.common.MODEL_ARCHIVE,
+            "sha256": bb.sha256_file(tmp_path / "pack" / ga.common.MODEL_ARCHIVE),
+        },
+        "bench": {"input_len": 16, "output_len": 32, "num_prompts": 2, "max_concurrency": 1, "tps_metric": "tpot"},
+    }
+    (tmp_path / "pack" / ga.common.MANIFEST).write_text(json.dumps(manifest))
     (tmp_path / "pack" / bb.PACK_MANIFEST).unlink(missing_ok=True)
-    dev = ga.Device(tmp_path / "state")
-    monkeypatch.setattr(ga, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
-    monkeypatch.setattr(ga, "GATE_CLI", tmp_path / "no-gate")
-    monkeypatch.setattr(ga, "ORIGINAL_FLAGS", [*ga.ORIGINAL_FLAGS[:-7], "--port", str(free_port()),
-                                               *ga.ORIGINAL_FLAGS[-5:]])
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    dev = ga.device.Device(tmp_path / "state")
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
+    monkeypatch.setattr(ga.measure, "GATE_CLI", tmp_path / "no-gate")
+    monkeypatch.setattr(
+        ga.measure,
+        "ORIGINAL_FLAGS",
+        [*ga.common.ORIGINAL_FLAGS[:-7], "--port", str(free_port()), *ga.common.ORIGINAL_FLAGS[-5:]],
+    )
     ns = argparse.Namespace
     try:
-        assert ga.cmd_receive(ns(folder=tmp_path / "pack"), dev) == 0
-        assert ga.cmd_install(ns(), dev) == 0
-        assert ga.cmd_original_flags(ns(timeout=60), dev) == 0
-        assert ga.cmd_launch(ns(name="cold"), dev) == 0
-        assert ga.cmd_wait(ns(name="cold", timeout=30, interval=0.2), dev) == 0
-        assert ga.cmd_gate(ns(name="cold", timeout=60, gate_args=[]), dev) == 0
-        assert ga.cmd_bench(ns(name="cold", input_len=None, output_len=None, num_prompts=None, timeout=60), dev) == 0
-        assert ga.cmd_restart(ns(old="cold", new="warm", timeout=30), dev) == 0
-        assert ga.cmd_collect(ns(), dev) == 0
+        assert ga.device.cmd_receive(ns(folder=tmp_path / "pack"), dev) == 0
+        assert ga.install.cmd_install(ns(), dev) == 0
+        assert ga.measure.cmd_original_flags(ns(timeout=60), dev) == 0
+        assert ga.processes.cmd_launch(ns(name="cold"), dev) == 0
+        assert ga.processes.cmd_wait(ns(name="cold", timeout=30, interval=0.2), dev) == 0
+        assert ga.measure.cmd_gate(ns(name="cold", timeout=60, gate_args=[]), dev) == 0
+        assert (
+            ga.measure.cmd_bench(ns(name="cold", input_len=None, output_len=None, num_prompts=None, timeout=60), dev)
+            == 0
+        )
+        assert ga.processes.cmd_restart(ns(old="cold", new="warm", timeout=30), dev) == 0
+        assert ga.report.cmd_collect(ns(out=tmp_path / "out"), dev) == 0
     finally:
         for record in dev.load().get("servers", {}).values():
-            ga.stop_session(record["pid"], grace_s=5)
+            ga.processes.stop_session(record["pid"], grace_s=5)
     summary = json.loads((tmp_path / "out" / "gpu_acceptance.json").read_text())
     assert summary["launched"] is True and summary["warm_ready_s"] is not None
     assert summary["gate_passed"] is None and summary["gate_source"].startswith("gpu-acceptance fallback")
@@ -643,8 +762,28 @@ def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.
     assert "not compatible with radix cache" in summary["original_flags_error"]
     assert summary["bench_serving_tps"] == 100.0 and summary["tps_ratio"] is not None
     assert summary["bench_serving"]["cold"]["output_len"] == 32
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu_acceptance.json", "gpu_acceptance.md",
-                                                                    "logs.tar.gz"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "gpu_acceptance.json",
+        "gpu_acceptance.md",
+        "logs.tar.gz",
+    ]
     log = (dev.logs / "server-cold.log").read_text()
     assert "env SGLANG_ENABLE_SPEC_V2=1" in log and "env NCCL_NVLS_ENABLE=0" in log
-    assert not ga.port_open(port)
+    assert not ga.processes.port_open(port)
+
+
+def test_run_stops_at_the_first_failure_and_still_collects(tmp_path: Path) -> None:
+    """``run`` on a folder that prepare did not write: receive fails, no step runs, collect writes."""
+    (tmp_path / "not-a-bundle").mkdir()
+    code = ga.cli.main(
+        ["--state", str(tmp_path / "state"), "run", str(tmp_path / "not-a-bundle"), "--out", str(tmp_path / "out")]
+    )
+    assert code == 1
+    assert not (tmp_path / "state" / "state.json").exists() or "install" not in json.loads(
+        (tmp_path / "state" / "state.json").read_text()
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "gpu_acceptance.json",
+        "gpu_acceptance.md",
+        "logs.tar.gz",
+    ]

@@ -1,7 +1,7 @@
 """The memory budget (filter_plugins/launch_plan_budget.py) against SGLang 0.5.11's own figures.
 
 SGLang logged its pools for Qwen3.6-27B at real size on one H200
-(tests/fixtures/sglang_realsize_h200_logged.json, from ../shared/facts/sglang-real-size.md);
+(tests/fixtures/sglang_realsize_h200_logged.json, from a bench/realsize run);
 the budget must reproduce each figure within 5 %, refuse the launches SGLang refused, and set
 the flags of ct129's plan from the same rules.
 """
@@ -11,12 +11,10 @@ import dataclasses
 import json
 import os
 import subprocess
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
 from launch_plan_cases import REPO
 
 pytest_plugins = ["conftest_launch_plan"]

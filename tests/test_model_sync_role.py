@@ -28,8 +28,7 @@ ROLE = ROOT / "roles/model_sync"
 BIN = Path(sys.executable).parent
 TOKEN = "hf_FAKE-test-token-DO-NOT-PRINT-1234"  # not a credential: the hyphens keep it out of token scanners
 CACHE = Path(os.environ.get("DEPLOY_CACHE_DIR") or ROOT / ".cache")
-HUB_PYTHON_CANDIDATES = [CACHE / "venvs/transformers-cpu/bin/python",
-                         Path("/work/main/.cache/venvs/transformers-cpu/bin/python")]
+HUB_PYTHON_CANDIDATES = [CACHE / "venvs/transformers-cpu/bin/python"]
 
 
 def test_defaults_and_argument_specs_name_the_same_variables():
@@ -48,7 +47,8 @@ def playbook(tmp_path: Path, extra: dict, *args: str, name: str = "m") -> subpro
              "roles": [{"role": "model_sync"}],
              "post_tasks": [{"name": "Show the facts", "ansible.builtin.debug": {"msg": {
                  "dir": "{{ model_sync_model_dir }}", "rev": "{{ model_sync_revision }}",
-                 "bytes": "{{ model_sync_weights_bytes }}", "type": "{{ model_sync_config.model_type | default('') }}"}}}]}]
+                 "bytes": "{{ model_sync_weights_bytes }}",
+                 "type": "{{ model_sync_config.model_type | default('') }}"}}}]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     variables = {"model_sync_root": str(tmp_path / "models"), "model_sync_name": name,
                  "model_sync_state_dir": str(tmp_path / "state"), "model_sync_cli_path": "",

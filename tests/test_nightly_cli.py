@@ -5,6 +5,7 @@ hosts; a unit file whose change notifies "Restart inference server"; the fixture
 health_gate module reporting a chosen figure). The tests check the summary line, the JSON
 summary, history.json, the artifacts layout, the lock and the exit codes.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -14,10 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from test_nightly_support import FIXTURE, TOOL, load_tool, run_dirs, run_tool, tool_argv
 
 nd = load_tool()
@@ -25,13 +24,14 @@ nd = load_tool()
 LINE = re.compile(
     r"^nightly \d{4}-\d\d-\d\dT\d\d:\d\dZ limit=(?P<limit>\S+): (?P<status>OK|FAILED) hosts=(?P<hosts>\d+) "
     r"changed=(?P<changed>\d+) restarts=(?P<restarts>\d+) gate=(?P<gate>.+?) duration=(?P<duration>[\d.]+)s"
-    r"(?P<rest>;.*)?$")
+    r"(?P<rest>;.*)?$"
+)
 
 
 def parse_line(line: str) -> dict:
     """The fields of a summary line (fails the test when the line does not match)."""
     match = LINE.match(line)
-    assert match, "summary line does not match: %r" % line
+    assert match, f"summary line does not match: {line!r}"
     return match.groupdict()
 
 
@@ -47,9 +47,13 @@ def test_change_then_noop_then_change(tmp_path):
     summary = first.summary()
     for host in ("fx1", "fx2"):
         h = summary["hosts"][host]
-        assert h["changed_tasks"] == ["fixture_server : Render the fixture unit",
-                                      "fixture_server : Restart inference server"]
-        assert h["restarts"] == 1 and h["restart_tasks"] == ["fixture_server : Restart inference server"]
+        assert h["changed_tasks"] == [
+            "fixture_server : Render the fixture unit",
+            "fixture_server : Restart inference server",
+        ]
+        assert h["restarts"] == 1 and h["restart_tasks"] == [
+            "fixture_server : Note whether this run restarts the server"
+        ]
         assert h["changed"] == 2 and h["failed"] == 0
         assert h["gate"]["decode_tps"] == 50.0 and h["gate"]["passed"] is True
         assert h["drop_check"]["verdict"] == "no-baseline"
@@ -67,8 +71,12 @@ def test_change_then_noop_then_change(tmp_path):
         assert h["changed_tasks"] == [] and h["restart_tasks"] == []
         assert h["gate"]["unit_invocation_id"] == first_ids[host]
         assert h["unit_same_as_last_run"] is True
-        assert h["drop_check"] == {"verdict": "ok", "previous_decode_tps": 50.0, "drop_percent": 2.0,
-                                   "previous_run": first_run_id}
+        assert h["drop_check"] == {
+            "verdict": "ok",
+            "previous_decode_tps": 50.0,
+            "drop_percent": 2.0,
+            "previous_run": first_run_id,
+        }
     history = json.loads((art / "history.json").read_text())
     assert [e["decode_tps"] for e in history["hosts"]["fx1"]] == [50.0, 49.0]
 
@@ -123,12 +131,13 @@ def test_drop_check_fails_the_run_and_keeps_the_baseline(tmp_path):
 
 def test_gate_failure_fails_the_run_with_the_reason_and_json(tmp_path):
     art, state = tmp_path / "art", tmp_path / "state"
-    old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)).strftime(nd.RUN_ID_FORMAT)
-    recent = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)).strftime(nd.RUN_ID_FORMAT)
+    old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)).strftime(nd.state.RUN_ID_FORMAT)
+    recent = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)).strftime(nd.state.RUN_ID_FORMAT)
     for name in (old, recent, "keep-me"):
         (art / name).mkdir(parents=True)
-    run = run_tool(art, state, "--json", "--keep-days", "14", "-e", "fixture_tps=30", "-e", "fixture_min_tps=40",
-                   limit="fx1")
+    run = run_tool(
+        art, state, "--json", "--keep-days", "14", "-e", "fixture_tps=30", "-e", "fixture_min_tps=40", limit="fx1"
+    )
     assert run.rc == 1, run
     summary = json.loads(run.stdout)  # --json: the JSON object alone on stdout
     assert summary == run.summary()
@@ -155,12 +164,20 @@ def test_limit_matching_nothing_fails(tmp_path):
 
 
 def test_require_gate(tmp_path):
-    run = run_tool(tmp_path / "art", tmp_path / "state", "--require-gate", "-e", "fixture_release_file=/",
-                   playbook="wait.yml", limit="fx1")
+    run = run_tool(
+        tmp_path / "art",
+        tmp_path / "state",
+        "--require-gate",
+        "-e",
+        "fixture_release_file=/",
+        playbook="wait.yml",
+        limit="fx1",
+    )
     assert run.rc == 1, run
     assert "fx1: the gate reported no decode tok/s (--require-gate)" in run.line
-    plain = run_tool(tmp_path / "art", tmp_path / "state", "-e", "fixture_release_file=/", playbook="wait.yml",
-                     limit="fx1")
+    plain = run_tool(
+        tmp_path / "art", tmp_path / "state", "-e", "fixture_release_file=/", playbook="wait.yml", limit="fx1"
+    )
     assert plain.rc == 0, plain
     assert parse_line(plain.line)["gate"] == "n/a"
 
@@ -169,9 +186,12 @@ def test_second_run_is_refused_at_once_and_a_signal_cancels(tmp_path):
     art, state = tmp_path / "art", tmp_path / "state"
     state.mkdir(parents=True)
     release = tmp_path / "release"
-    holder = subprocess.Popen(tool_argv(art, state, "-e", "fixture_release_file=%s" % release,
-                                        playbook="wait.yml", limit="fx1"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        tool_argv(art, state, "-e", f"fixture_release_file={release}", playbook="wait.yml", limit="fx1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (state / "fx1.started").exists():
@@ -182,8 +202,8 @@ def test_second_run_is_refused_at_once_and_a_signal_cancels(tmp_path):
         second = run_tool(art, state, limit="fx1")
         elapsed = time.monotonic() - t0
         assert second.rc == 3, second
-        assert "LOCKED another run holds %s (pid=%d " % (art / "nightly.lock", holder.pid) in second.line
-        assert elapsed < 10, "a locked run must exit at once (took %.1f s)" % elapsed
+        assert f"LOCKED another run holds {art / 'nightly.lock'} (pid={holder.pid} " in second.line
+        assert elapsed < 10, f"a locked run must exit at once (took {elapsed:.1f} s)"
         assert len(run_dirs(art)) == 1  # the refused run left nothing behind
 
         holder.send_signal(signal.SIGTERM)
@@ -196,53 +216,75 @@ def test_second_run_is_refused_at_once_and_a_signal_cancels(tmp_path):
     assert "canceled by SIGTERM" in out
     # The lock went with the process: the next run starts.
     release.touch()
-    again = run_tool(art, state, "-e", "fixture_release_file=%s" % release, playbook="wait.yml", limit="fx1")
+    again = run_tool(art, state, "-e", f"fixture_release_file={release}", playbook="wait.yml", limit="fx1")
     assert again.rc == 0, again
 
 
 def test_timeout_cancels_the_run(tmp_path):
-    run = run_tool(tmp_path / "art", tmp_path / "state", "--timeout", "3",
-                   "-e", "fixture_release_file=%s" % (tmp_path / "never"), playbook="wait.yml", limit="fx1")
+    run = run_tool(
+        tmp_path / "art",
+        tmp_path / "state",
+        "--timeout",
+        "3",
+        "-e",
+        "fixture_release_file=%s" % (tmp_path / "never"),
+        playbook="wait.yml",
+        limit="fx1",
+    )
     assert run.rc == 1, run
     assert "canceled after --timeout 3 s" in run.line
     assert run.summary()["runner"]["status"] == "timeout"
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "the following arguments are required: --limit"),
-    (["--limit", "all", "--playbook", "nope.yml"], "nope.yml not found"),
-    (["--limit", "all", "-e", "justaword"], "expected KEY=VALUE"),
-    (["--limit", "all", "--max-drop-percent", "150"], "between 0 and 100"),
-    (["--limit", "all", "--keep-days", "-1"], "--keep-days must be >= 0"),
-    (["--limit", "all", "--json", "--ansible-output"], "not allowed with argument"),
-    (["--limit", "all", "--inventory", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml not found"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "the following arguments are required: --limit"),
+        (["--limit", "all", "--playbook", "nope.yml"], "nope.yml not found"),
+        (["--limit", "all", "--max-drop-percent", "150"], "between 0 and 100"),
+        (["--limit", "all", "--keep-days", "-1"], "--keep-days must be >= 0"),
+        (["--limit", "all", "--json", "--ansible-output"], "not allowed with argument"),
+        (["--limit", "all", "--inventory", "/nonexistent/hosts.yml"], "inventory /nonexistent/hosts.yml not found"),
+    ],
+)
 def test_usage_errors_exit_2(tmp_path, argv, message):
-    argv = [str(TOOL), "--repo", str(FIXTURE), "--artifacts-dir", str(tmp_path / "art"),
-            "--inventory", str(FIXTURE / "hosts.yml")] + argv
-    proc = subprocess.run([sys.executable] + argv,
-                          capture_output=True, text=True, timeout=60)
+    argv = [
+        str(TOOL),
+        "--repo",
+        str(FIXTURE),
+        "--artifacts-dir",
+        str(tmp_path / "art"),
+        "--inventory",
+        str(FIXTURE / "hosts.yml"),
+    ] + argv
+    proc = subprocess.run([sys.executable] + argv, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc
     assert message in proc.stderr
     assert not (tmp_path / "art").exists()
 
 
 def test_help_documents_exit_codes():
-    proc = subprocess.run([sys.executable, str(TOOL), "--help"], capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, str(TOOL), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    for phrase in ("0 success", "1 the deploy failed", "2 usage error", "3 another run holds the lock",
-                   "--keep-days", "--max-drop-percent", "--limit"):
+    for phrase in (
+        "0 success",
+        "1 the deploy failed",
+        "2 usage error",
+        "3 another run holds the lock",
+        "--keep-days",
+        "--max-drop-percent",
+        "--limit",
+    ):
         assert phrase in text, phrase
 
 
 def test_default_paths_follow_the_repo(tmp_path):
-    opts = nd.parse_options(["--repo", str(FIXTURE), "--limit", "fx1", "--inventory", str(FIXTURE / "hosts.yml")])
+    opts = nd.cli.parse_options(["--repo", str(FIXTURE), "--limit", "fx1", "--inventory", str(FIXTURE / "hosts.yml")])
     assert opts.artifacts == FIXTURE.resolve() / "artifacts" / "nightly"
     assert opts.lock_file == opts.artifacts / "nightly.lock"
     assert opts.history_file == opts.artifacts / "history.json"
-    repo_opts = nd.parse_options(["--limit", "ct129"])
-    assert repo_opts.repo == Path(nd.__file__).resolve().parent.parent
+    repo_opts = nd.cli.parse_options(["--limit", "ct129"])
+    assert repo_opts.repo == TOOL.resolve().parent.parent
     assert repo_opts.inventories == [repo_opts.repo / "inventory" / "hosts.yml"]
     assert repo_opts.playbook == "deploy.yml"

@@ -1,0 +1,174 @@
+"""The gpu-acceptance command line: one subcommand per step, and ``run`` for the whole GPU host side."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+from pathlib import Path
+
+from deploytools import build_bundle as bundle
+
+from . import __doc__ as DESCRIPTION
+from .common import (
+    DEFAULT_LOCK,
+    DEFAULT_STATE,
+    REPO,
+    RUN_STEPS,
+    AcceptanceError,
+    say,
+)
+from .device import Device, cmd_check, cmd_receive
+from .install import (
+    cmd_install,
+)
+from .measure import (
+    cmd_bench,
+    cmd_gate,
+    cmd_original_flags,
+)
+from .prepare import (
+    cmd_prepare,
+)
+from .processes import (
+    cmd_launch,
+    cmd_restart,
+    cmd_stop,
+    cmd_wait,
+)
+from .report import cmd_collect
+
+# --------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--state", type=Path, default=DEFAULT_STATE, help=f"device state folder (default {DEFAULT_STATE})")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="build the bundle folders, manifest and run.md (controller)")
+    p.add_argument("--out", type=Path, default=REPO / ".gpuw", help="transfer folder (default .gpuw)")
+    p.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help="SGLang profile lock")
+    p.add_argument("--plan", type=Path, help="a rendered plan JSON instead of calling filter_plugins/launch_plan.py")
+    p.add_argument("--model-path", help="model path in the plan (default /root/models/tiny-qwen3.6/revisions/<sha>)")
+    p.add_argument(
+        "--model-python",
+        help="python with torch+transformers for make-tiny-model "
+        "(default $DEPLOY_CACHE_DIR/venvs/transformers-cpu/bin/python)",
+    )
+    p.add_argument(
+        "--gate-arg",
+        action="append",
+        default=[],
+        help="argument for tools/health-gate on the device (repeatable, e.g. --gate-arg=--min-accept-length=1.0)",
+    )
+    p.add_argument("--input-len", type=int, default=128, help="bench prompt tokens when the gate reports none")
+    p.add_argument("--output-len", type=int, default=256, help="bench output tokens when the gate reports none")
+    p.add_argument("--num-prompts", type=int, default=8, help="bench_serving requests (default 8)")
+    p.add_argument(
+        "--tps-metric",
+        choices=["tpot", "output"],
+        default="tpot",
+        help="bench_serving number compared with the gate: 1000/mean TPOT (decode rate per request, "
+        "default) or output throughput",
+    )
+    p.add_argument(
+        "--part-size",
+        help="split the bundle into folders of at most this size, e.g. 56M, for a transport with a limit per "
+        "transfer (default: one folder)",
+    )
+    p.add_argument(
+        "--reuse",
+        type=Path,
+        metavar="DIR",
+        help="take the packed bundle and model from another prepared folder (e.g. a worktree's .gpuw)",
+    )
+    p.add_argument("--rebuild-bundle", action="store_true", help="rebuild the packed bundle even if it is current")
+    p.add_argument("--rebuild-model", action="store_true", help="regenerate the tiny model")
+
+    p = sub.add_parser("receive", help="stage one bundle folder (GPU host)")
+    p.add_argument("folder", type=Path)
+    sub.add_parser("check", help="check Python, GPUs, tools and disk against the manifest (GPU host)")
+    sub.add_parser("install", help="create the plan's venv and unpack packages and model (GPU host)")
+    p = sub.add_parser("original-flags", help="run the seed's by-hand flags, capture the refusal (GPU host)")
+    p.add_argument("--timeout", type=float, default=180)
+    p = sub.add_parser("launch", help="start the plan in its own session (GPU host)")
+    p.add_argument("name")
+    p = sub.add_parser("wait", help="wait for /health (GPU host)")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=420)
+    p.add_argument("--interval", type=float, default=2.0)
+    p = sub.add_parser("gate", help="run tools/health-gate and probe SGLang (GPU host)")
+    p.add_argument("name")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("gate_args", nargs=argparse.REMAINDER, help="extra gate arguments after --")
+    p = sub.add_parser("bench-serving", help="python -m sglang.bench_serving against the server (GPU host)")
+    p.add_argument("name")
+    p.add_argument("--input-len", type=int)
+    p.add_argument("--output-len", type=int)
+    p.add_argument("--num-prompts", type=int)
+    p.add_argument("--timeout", type=float, default=300)
+    p = sub.add_parser("stop", help="stop a server's whole session (GPU host)")
+    p.add_argument("name")
+    p = sub.add_parser("restart", help="stop OLD, start NEW with the same plan and caches, wait (GPU host)")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--timeout", type=float, default=240)
+    p = sub.add_parser("collect", help="write the results to --out (GPU host)")
+    p.add_argument("--out", type=Path, help="results folder (default <state>/out)")
+    p = sub.add_parser("run", help="receive the folders, run every step, collect (GPU host)")
+    p.add_argument("folders", nargs="+", type=Path, metavar="FOLDER")
+    p.add_argument("--out", type=Path, help="results folder (default <state>/out)")
+    return ap
+
+
+def cmd_run(args: argparse.Namespace, dev: Device) -> int:
+    """The whole GPU host side in one process: receive every folder, then RUN_STEPS in order
+    until one fails, then collect whatever was recorded. Returns the first failure's code."""
+    state = ["--state", str(dev.root)]
+    code = 0
+    for folder in args.folders:
+        code = code or main([*state, "receive", str(folder)])
+    for step in RUN_STEPS:
+        if code:
+            break
+        say(f"step: {step}")
+        code = main([*state, *shlex.split(step)])
+    collect = main([*state, "collect", *(["--out", str(args.out)] if args.out else [])])
+    return code or collect
+
+
+DEVICE_COMMANDS = {
+    "receive": cmd_receive,
+    "check": cmd_check,
+    "install": cmd_install,
+    "original-flags": cmd_original_flags,
+    "launch": cmd_launch,
+    "wait": cmd_wait,
+    "gate": cmd_gate,
+    "bench-serving": cmd_bench,
+    "stop": cmd_stop,
+    "restart": cmd_restart,
+    "collect": cmd_collect,
+    "run": cmd_run,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch a subcommand; report failures in one line."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "gate_args", None) and args.gate_args[:1] == ["--"]:
+        args.gate_args = args.gate_args[1:]
+    try:
+        if args.command == "prepare":
+            return cmd_prepare(args)
+        return DEVICE_COMMANDS[args.command](args, Device(args.state))
+    except (AcceptanceError, bundle.BundleError) as exc:
+        say(f"{args.command} failed: {exc}")
+        return 1
+    except subprocess.CalledProcessError as exc:
+        say(f"{args.command} failed: {shlex.join(map(str, exc.cmd))[:200]} exited with {exc.returncode}")
+        return 1

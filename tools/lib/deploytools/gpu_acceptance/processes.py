@@ -1,0 +1,275 @@
+"""GPU acceptance on the GPU host: server processes (launch, wait, stop, restart) and JIT caches."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from deploytools import build_bundle as bundle
+
+from .common import (
+    DEFAULT_JIT_DIRS,
+    DROPPED_ENV,
+    LOG_MARKERS,
+    MULTICAST_OFF,
+    OFFLINE_ENV,
+    AcceptanceError,
+    Plan,
+    masked,
+    nvidia_smi,
+    say,
+)
+from .device import Device
+
+# --------------------------------------------------------------------------------------
+# Processes (device)
+# --------------------------------------------------------------------------------------
+
+
+def base_env() -> dict[str, str]:
+    """This machine's environment without the driver's Python settings, offline and with
+    NVLink multicast off."""
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env.update(OFFLINE_ENV)
+    env.update(MULTICAST_OFF)
+    return env
+
+
+def server_env(plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
+    """The server's environment: the machine's, then the plan's env exactly, then the device's
+    allowances (offline variables where the plan has none, multicast forced off).
+
+    Returns the environment and the variables the device added or changed on top of the plan.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env.update(plan.env)
+    added = {k: v for k, v in OFFLINE_ENV.items() if k not in plan.env}
+    added.update({k: v for k, v in MULTICAST_OFF.items() if plan.env.get(k) != v})
+    env.update(added)
+    return env, added
+
+
+def cache_dirs(env: dict[str, str]) -> list[Path]:
+    """Absolute directories named by the plan's cache, workspace and home variables."""
+    return [
+        Path(v)
+        for k, v in sorted(env.items())
+        if (re.search(r"CACHE|WORKSPACE", k) or k in ("HOME", "HF_HOME")) and v.startswith("/") and ":" not in v
+    ]
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on the port."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((host, port)) == 0
+
+
+def session_pids(sid: int) -> list[int]:
+    """Processes whose session id is ``sid`` (the server and all it forked)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def start(argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> int:
+    """Start argv in a new session (setsid), output to ``log``; return its pid."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def tail(path: Path, lines: int = 60) -> str:
+    """The last lines of a text file."""
+    if not path.is_file():
+        return ""
+    with path.open("rb") as fh:
+        fh.seek(max(0, path.stat().st_size - 256 * 1024))
+        return "\n".join(fh.read().decode(errors="replace").splitlines()[-lines:])
+
+
+def excerpt(path: Path, limit: int = 80) -> list[str]:
+    """Lines of a server log that matter (readiness, JIT, graph capture, memory, errors)."""
+    if not path.is_file():
+        return []
+    picked = [line.rstrip()[:400] for line in path.read_text(errors="replace").splitlines() if LOG_MARKERS.search(line)]
+    return picked[: limit // 2] + picked[-limit // 2 :] if len(picked) > limit else picked
+
+
+def http_json(url: str, body: Any = None, timeout: float = 30) -> Any:
+    """GET (or POST ``body``) JSON; return the decoded answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read().decode())
+
+
+def health_status(url: str) -> int | None:
+    """HTTP status of GET /health (None when nothing answers)."""
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=25) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
+    """Start the plan's argv with the plan's environment, in its own session."""
+    plan = dev.plan()
+    if not Path(plan.argv[0]).is_file():
+        raise AcceptanceError(f"{plan.argv[0]} does not exist: run install first")
+    if port_open(plan.port):
+        raise AcceptanceError(f"port {plan.port} is already in use; stop the running server first")
+    env, added = server_env(plan)
+    for folder in cache_dirs(plan.env):
+        folder.mkdir(parents=True, exist_ok=True)
+    log = dev.logs / f"server-{args.name}.log"
+    log.unlink(missing_ok=True)
+    t0 = time.time()
+    pid = start(plan.argv, env, log, dev.root / "run")
+    dev.set_server(
+        args.name,
+        {
+            "pid": pid,
+            "t0": t0,
+            "log": str(log),
+            "argv": plan.argv,
+            "plan_env": masked(plan.env),
+            "device_env_added": added,
+            "url": plan.url,
+            "jit_caches_before": jit_cache_sizes(plan.env),
+        },
+    )
+    say(f"launched '{args.name}' pid {pid}: {shlex.join(plan.argv)}")
+    say(f"plan env: {json.dumps(masked(plan.env))}; device added: {json.dumps(added)}")
+    time.sleep(3)
+    if not alive(pid):
+        print(tail(log))
+        raise AcceptanceError(f"server '{args.name}' exited at once (log above)")
+    return 0
+
+
+def cmd_wait(args: argparse.Namespace, dev: Device) -> int:
+    """Poll /health until 200 (ready), the server dies (exit 1) or the timeout (exit 2)."""
+    record = dev.server(args.name)
+    if record.get("ready_s") is not None:
+        say(f"'{args.name}' was already ready after {record['ready_s']} s")
+        return 0
+    log, deadline, last_note = Path(record["log"]), time.time() + args.timeout, 0.0
+    while time.time() < deadline:
+        status = health_status(record["url"])
+        if status == 200:
+            record["ready_s"] = round(time.time() - record["t0"], 1)
+            dev.set_server(args.name, record)
+            say(f"'{args.name}' is ready after {record['ready_s']} s")
+            return 0
+        if not alive(record["pid"]):
+            record["died_s"] = round(time.time() - record["t0"], 1)
+            dev.set_server(args.name, record)
+            print(tail(log, 80))
+            say(f"'{args.name}' died after {record['died_s']} s (log tail above)")
+            return 1
+        if time.time() - last_note >= 30:
+            last = tail(log, 1).strip()[:200]
+            say(f"waiting for '{args.name}': {time.time() - record['t0']:.0f} s, /health {status}; log: {last}")
+            last_note = time.time()
+        time.sleep(args.interval)
+    say(f"'{args.name}' not ready within this wait ({args.timeout} s); it keeps starting")
+    return 2
+
+
+def stop_session(pid: int, grace_s: float = 60) -> dict[str, Any]:
+    """SIGTERM the server's session, SIGKILL what is left after ``grace_s``."""
+    t0, forced = time.time(), False
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for member in session_pids(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member, sig)
+        end = time.time() + (grace_s if sig == signal.SIGTERM else 15)
+        while session_pids(pid) and time.time() < end:
+            time.sleep(0.5)
+        if not session_pids(pid):
+            break
+        forced = True
+    return {"stop_s": round(time.time() - t0, 1), "forced": forced, "left": session_pids(pid)}
+
+
+def gpu_memory_used() -> list[int]:
+    """MiB in use per GPU (empty without nvidia-smi)."""
+    return [int(x) for x in nvidia_smi("memory.used", "csv,noheader,nounits").split() if x.isdigit()]
+
+
+def cmd_stop(args: argparse.Namespace, dev: Device) -> int:
+    """Stop a server's whole session and wait until its port and the GPUs are free."""
+    record = dev.server(args.name)
+    result = stop_session(record["pid"])
+    end = time.time() + 60
+    port = int(record["url"].rsplit(":", 1)[1])
+    while time.time() < end and (port_open(port) or any(m > 2048 for m in gpu_memory_used())):
+        time.sleep(1)
+    result["port_free"] = not port_open(port)
+    result["gpu_memory_mib"] = gpu_memory_used()
+    record["stop"] = result
+    dev.set_server(args.name, record)
+    say(
+        f"stopped '{args.name}' in {result['stop_s']} s (forced {result['forced']}); port free "
+        f"{result['port_free']}; GPU memory {result['gpu_memory_mib']} MiB"
+    )
+    return 0 if result["port_free"] and not result["left"] else 1
+
+
+def cmd_restart(args: argparse.Namespace, dev: Device) -> int:
+    """Stop OLD, start NEW with the same plan (JIT caches left where the plan puts them), wait."""
+    caches = jit_cache_sizes(dev.plan().env)
+    dev.update("jit_caches_after_cold", caches)
+    say("JIT caches before the restart: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in caches.items() if v))
+    if cmd_stop(argparse.Namespace(name=args.old), dev):
+        raise AcceptanceError(f"'{args.old}' did not stop cleanly")
+    cmd_launch(argparse.Namespace(name=args.new), dev)
+    return cmd_wait(argparse.Namespace(name=args.new, timeout=args.timeout, interval=1.0), dev)
+
+
+def jit_cache_sizes(plan_env: dict[str, str]) -> dict[str, int]:
+    """Bytes in the plan's cache folders and in the default JIT cache folders."""
+    homes = [os.path.expanduser("~")] + ([plan_env["HOME"]] if plan_env.get("HOME") else [])
+    folders = [str(p) for p in cache_dirs(plan_env)]
+    folders += [p.replace("~", home, 1) for home in homes for p in DEFAULT_JIT_DIRS]
+    return {f: bundle.tree_bytes(Path(f)) if Path(f).is_dir() else 0 for f in dict.fromkeys(folders)}

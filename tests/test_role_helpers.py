@@ -12,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_STATE = REPO / "roles/ml_env/files/venv_state.py"
-HOST_FACTS = REPO / "roles/preflight/files/host_facts.py"
+# llm_host.py facts: what preflight reads from the host.
+HOST_FACTS = REPO / "roles/preflight/files/llm_host.py"
 CHECK_SPECS = REPO / "tools/check-argument-specs"
 
 
@@ -61,7 +62,7 @@ def test_host_facts_names_the_process_on_a_port():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
+        facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "facts", str(port)],
                                           capture_output=True, text=True, check=True).stdout)
     assert facts["port"]["listening"] is True
     assert facts["port"]["pid"] is not None
@@ -73,7 +74,7 @@ def test_host_facts_on_a_free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
+    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "facts", str(port)],
                                       capture_output=True, text=True, check=True).stdout)
     assert facts["port"] == {"listening": False, "pid": None, "command": None, "user": None, "unit": None}
     assert facts["deployed"] == {}
@@ -106,7 +107,8 @@ def test_venv_state_keeps_only_lines_whose_marker_applies(tmp_path):
     import venv_state
 
     lock = tmp_path / "lock.txt"
-    lock.write_text('a==1 ; python_version < "3.11"  # via x\na==2 ; python_version >= "3.11" and python_version < "3.12"\n'
+    lock.write_text('a==1 ; python_version < "3.11"  # via x\n'
+                    'a==2 ; python_version >= "3.11" and python_version < "3.12"\n'
                     'a==3 ; python_version >= "3.12"\nb==4\n')
     assert venv_state.read_lock(str(lock), (3, 10)) == {"a": "1", "b": "4"}
     assert venv_state.read_lock(str(lock), (3, 11)) == {"a": "2", "b": "4"}
@@ -128,11 +130,11 @@ def test_sglang_lock_pins_the_engine_and_the_kernels_fix_on_every_python(repo):
 def test_host_facts_reads_the_deployed_state(tmp_path):
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"venv_dir": "/opt/ml-env.d/abc", "model_dir": "/srv/m/revisions/r1"}))
-    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
+    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "facts", "1", str(state)],
                                       capture_output=True, text=True, check=True).stdout)
     assert facts["deployed"]["venv_dir"] == "/opt/ml-env.d/abc"
     state.write_text("{not json")
-    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
+    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "facts", "1", str(state)],
                                       capture_output=True, text=True, check=True).stdout)
     assert facts["deployed"] == {}
 
@@ -174,6 +176,6 @@ def test_host_facts_tells_what_is_at_each_path_without_following_links(tmp_path)
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "dir")
     paths = [str(tmp_path / name) for name in ("dir", "file", "link", "absent")]
-    argv = [sys.executable, str(HOST_FACTS), "1"] + [arg for path in paths for arg in ("--path", path)]
+    argv = [sys.executable, str(HOST_FACTS), "facts", "1"] + [arg for path in paths for arg in ("--path", path)]
     facts = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
-    assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"]))
+    assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"], strict=True))

@@ -26,7 +26,7 @@ def step(name: str) -> dict:
 
 
 def origin() -> dict:
-    """The by-hand server as prepare left it (by_hand.py inspect, masked)."""
+    """The by-hand server as prepare left it (llm_host.py inspect, masked)."""
     return recorded("adopt-origin.json")
 
 

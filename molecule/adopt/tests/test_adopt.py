@@ -1,6 +1,7 @@
 """Adoption of a host that runs by hand: (b) a failed switch gives the by-hand server back,
 (a) the adoption serves under systemd with the hand-built venv kept and a short gap, (c) a
 plain deploy afterwards is a no-op; no secret of the by-hand environment in any output."""
+
 from __future__ import annotations
 
 import json
@@ -50,10 +51,13 @@ def test_origin_is_a_server_started_by_hand():
 def test_plain_deploy_refuses_the_host_and_says_how_to_adopt():
     run = step("plain")
     out = failed_output(run)
-    assert re.search(r"Port 30000 on molecule-adopt is already taken by /root/ml-env/bin/python "
-                     r"/root/ml-env/bin/transformers serve .*\(pid \d+, not a systemd service\); stop that process or "
-                     r"set inference_server_port to a free port, or take that server over without a gap with "
-                     r"deploy_adopt=true", out)
+    assert re.search(
+        r"Port 30000 on molecule-adopt is already taken by /root/ml-env/bin/python "
+        r"/root/ml-env/bin/transformers serve .*\(pid \d+, not a systemd service\); stop that process or "
+        r"set inference_server_port to a free port, or take that server over without a gap with "
+        r"deploy_adopt=true",
+        out,
+    )
     assert run["owner"]["pid"] == origin()["pid"]
 
 
@@ -68,8 +72,9 @@ def test_b_failed_switch_fails_with_one_message_and_the_server_by_hand_serves_ag
     run = step("b")
     out = failed_output(run)
     assert "less than adopt_min_decode_share 100 of the by-hand server's" in out
-    assert ("so the host is back on the server that ran by hand (started again as "
-            "inference-server-by-hand.service") in out
+    assert (
+        "so the host is back on the server that ran by hand (started again as inference-server-by-hand.service"
+    ) in out
     owner = run["owner"]
     # The same argv, working directory, user and environment, now under a transient unit.
     assert owner["found"] and owner["unit"] == "inference-server-by-hand.service"

@@ -2,6 +2,7 @@
 all under load without a failed or cut request, a bad change stops at the first host (rolled
 back, out of the gateway) and never touches the others, a good deploy puts it back, a no-op
 nightly run changes and restarts nothing, and drift is put back and reported."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,11 @@ def step(name: str) -> dict:
 
 def routable(run: dict) -> set[str]:
     """Hosts the gateway listed ready and healthy after a step."""
-    return {url.split("//")[1].split(":")[0] for url, status, healthy, _ in run["gateway_workers"]
-            if status == "ready" and healthy}
+    return {
+        url.split("//")[1].split(":")[0]
+        for url, status, healthy, _ in run["gateway_workers"]
+        if status == "ready" and healthy
+    }
 
 
 def rolling() -> dict:

@@ -1,5 +1,6 @@
 """After two failing deploys the host is back on its previous state, serving, with the
 failed attempts on record and one message per failure saying so."""
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,13 @@ def run_of(case: str) -> dict:
     return recorded(f"rollback-{case}.json")
 
 
-@pytest.mark.parametrize("case, evidence", [
-    ("engine_refuses_start", "Unsupported attention implementation: 'no_such_attention'"),
-    ("threshold_not_met", "is below min_decode_tps"),
-])
+@pytest.mark.parametrize(
+    "case, evidence",
+    [
+        ("engine_refuses_start", "Unsupported attention implementation: 'no_such_attention'"),
+        ("threshold_not_met", "is below min_decode_tps"),
+    ],
+)
 def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence):
     run = run_of(case)
     out = failed_output(run)
@@ -55,10 +59,12 @@ def test_unit_on_disk_is_the_last_known_good_one(host):
 def test_service_is_active_and_answering(host):
     assert host.service(UNIT).is_running
     model = host.file("/srv/models/tiny-qwen3.5/current").linked_to
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "def add(a, b):"}],
-                       "max_tokens": 8, "temperature": 0})
-    answer = host.run(f"curl -sf -H 'content-type: application/json' -d '{body}' "
-                      "http://127.0.0.1:8000/v1/chat/completions")
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 8, "temperature": 0}
+    )
+    answer = host.run(
+        f"curl -sf -H 'content-type: application/json' -d '{body}' http://127.0.0.1:8000/v1/chat/completions"
+    )
     assert answer.rc == 0, answer.stderr
     assert json.loads(answer.stdout)["usage"]["completion_tokens"] > 0
 

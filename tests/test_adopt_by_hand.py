@@ -1,5 +1,6 @@
-"""roles/adopt/files/by_hand.py against a real server started by hand (python3 -m http.server
-from a venv-shaped directory, with a secret in its environment)."""
+"""roles/adopt/files/llm_host.py (inspect, record, restore, switch, alive) against a real server
+started by hand (python3 -m http.server from a venv-shaped directory, with a secret in its environment)."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "roles" / "adopt" / "files" / "by_hand.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "roles" / "adopt" / "files" / "llm_host.py"
 
 
 def run(*args: str) -> dict:
-    """Run by_hand.py and parse its JSON."""
+    """Run llm_host.py and parse its JSON."""
     proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout)
 
@@ -41,10 +42,24 @@ def by_hand(tmp_path):
     (model / "config.json").write_text("{}")
     port = free_port()
     log = tmp_path / "serve.log"
-    env = {"PATH": os.environ.get("PATH", ""), "MY_TOKEN": "s3cr$t\"`x", "OMP_NUM_THREADS": "1"}
+    env = {"PATH": os.environ.get("PATH", ""), "MY_TOKEN": 's3cr$t"`x', "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(venv / "bin" / "python"), "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                                 "--directory", str(model)], cwd=tmp_path, env=env, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            [
+                str(venv / "bin" / "python"),
+                "-m",
+                "http.server",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+                str(model),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     for _ in range(400):
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
@@ -83,8 +98,20 @@ def test_switch_stops_it_gracefully_moves_the_venv_aside_and_links_ours(by_hand)
     ours = by_hand["tmp"] / "ml-env.d" / "abc"
     ours.mkdir(parents=True)
     kept = str(by_hand["venv"]) + ".by-hand-20261201T000000Z"
-    done = run("switch", str(state / "by-hand.json"), str(record["pid"]), str(record["start_ticks"]),
-               str(by_hand["port"]), "10", "--move", str(by_hand["venv"]), kept, "--link", str(by_hand["venv"]), str(ours))
+    done = run(
+        "switch",
+        str(state / "by-hand.json"),
+        str(record["pid"]),
+        str(record["start_ticks"]),
+        str(by_hand["port"]),
+        "10",
+        "--move",
+        str(by_hand["venv"]),
+        kept,
+        "--link",
+        str(by_hand["venv"]),
+        str(ours),
+    )
     assert done["port_free"] and not done["killed"]
     by_hand["proc"].wait(timeout=5)
     assert os.path.isdir(kept) and os.readlink(by_hand["venv"]) == str(ours)

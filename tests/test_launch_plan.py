@@ -11,11 +11,11 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from launch_plan_cases import ORIGIN_OVERRIDES, ORIGIN_REFUSAL, REPO, load_yaml
 
 pytest_plugins = ["conftest_launch_plan"]
@@ -388,6 +388,32 @@ def test_the_filter_raises_ansible_errors(launch_plan, qwen_config, ct129_kwargs
     assert filters["launch_plan"](qwen_config, **ct129_kwargs)["argv"] == CT129_ARGV
     with pytest.raises(AnsibleFilterError, match="set it to 2"):
         filters["launch_plan"](qwen_config, **settings_with(ct129_kwargs, tensor_parallel_size=1))
+
+
+def test_the_filter_has_one_call_site() -> None:
+    """plan.yml and precheck.yml import tasks/launch_plan.yml, the one place the filter is called."""
+    calls = [path.relative_to(REPO).as_posix() for path in sorted((REPO / "roles").rglob("*.yml"))
+             if "| launch_plan(" in path.read_text()]
+    assert calls == ["roles/inference_server/tasks/launch_plan.yml"]
+    for name in ("plan.yml", "precheck.yml"):
+        tasks = load_yaml(f"roles/inference_server/tasks/{name}")
+        assert any(task.get("ansible.builtin.import_tasks") == "launch_plan.yml" for task in tasks), name
+
+
+def test_every_part_of_the_plan_is_a_filter_plugin_without_filters() -> None:
+    """Ansible loads every file of filter_plugins under a name of its own, in whatever order: each
+    part loads alone, in a fresh interpreter, and adds no filter."""
+    load = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('ansible_part', sys.argv[1])\n"
+        "module = sys.modules['ansible_part'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print(module.FilterModule().filters())\n"
+    )
+    for part in ("launch_plan_common", "launch_plan_model", "launch_plan_sglang", "launch_plan_rehearsal"):
+        proc = subprocess.run([sys.executable, "-c", load, str(REPO / "filter_plugins" / f"{part}.py")],
+                              capture_output=True, text=True, check=False)
+        assert (proc.returncode, proc.stdout) == (0, "{}\n"), f"{part}: {proc.stderr[-2000:]}"
 
 
 # --------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ holder belongs to the unit is a question of its control group; outside systemd t
 decides it by replacing ``unit_of``. The molecule scenario ``reliability`` runs both for
 real in a systemd container (a foreign orphan refused, a left-over of the unit stopped).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,7 +21,9 @@ from types import ModuleType
 import pytest
 
 FILES = Path(__file__).resolve().parent.parent / "roles" / "inference_server" / "files"
-GUARD = FILES / "port-guard.py"
+# The guard is a subcommand of the roles' one host helper, installed as .../port-guard.
+HOST_TOOL = FILES / "llm_host.py"
+GUARD = [str(HOST_TOOL), "guard"]
 LISTEN = """import socket, sys, time
 s = socket.socket(socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET)
 s.bind(("::1" if sys.argv[2] == "6" else "127.0.0.1", int(sys.argv[1])))
@@ -31,8 +34,8 @@ time.sleep(60)
 
 
 def load() -> ModuleType:
-    """port-guard as a module."""
-    spec = importlib.util.spec_from_file_location("port_guard", GUARD)
+    """The host helper (the guard among its subcommands) as a module."""
+    spec = importlib.util.spec_from_file_location("llm_host", HOST_TOOL)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -64,8 +67,9 @@ def holder():
 
 
 def test_a_free_port_passes_silently():
-    proc = subprocess.run([sys.executable, str(GUARD), str(free_port()), "inference-server"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, *GUARD, str(free_port()), "inference-server"], capture_output=True, text=True
+    )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
@@ -74,13 +78,14 @@ def test_a_foreign_holder_is_named_and_left_alone(holder, family):
     if family == "6" and not socket.has_ipv6:
         pytest.fail("this machine has no IPv6 loopback; the guard reads /proc/net/tcp6 too")
     proc, port = holder(family)
-    out = subprocess.run([sys.executable, str(GUARD), str(port), "inference-server"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, *GUARD, str(port), "inference-server"], capture_output=True, text=True)
     assert out.returncode == 1
     assert out.stdout == ""
     assert out.stderr.startswith(f"port-guard: port {port} is already taken by pid {proc.pid} ({sys.executable} -c ")
     assert out.stderr.rstrip().endswith(
         "which is not part of inference-server.service, so inference-server.service will not start: stop that "
-        "process or set inference_server_port to a free port.")
+        "process or set inference_server_port to a free port."
+    )
     assert proc.poll() is None, "a process of another owner must never be stopped"
 
 
@@ -100,9 +105,11 @@ def test_a_left_over_of_our_unit_is_stopped_and_the_start_goes_on(holder, monkey
 
 def test_a_left_over_that_ignores_sigterm_is_killed(holder, monkeypatch):
     guard = load()
-    stubborn = ("import signal, socket, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-                "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', "
-                "flush=True); time.sleep(60)\n")
+    stubborn = (
+        "import signal, socket, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', "
+        "flush=True); time.sleep(60)\n"
+    )
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", stubborn, str(port)], stdout=subprocess.PIPE, text=True)
     try:
@@ -116,7 +123,19 @@ def test_a_left_over_that_ignores_sigterm_is_killed(holder, monkeypatch):
 
 
 def test_usage():
-    proc = subprocess.run([sys.executable, str(GUARD), "http"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, *GUARD, "http"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: port-guard PORT UNIT")
+
+
+def test_installed_as_port_guard_it_is_the_guard(tmp_path):
+    """The unit runs ``/usr/local/lib/<unit>/port-guard PORT UNIT``: that name alone selects the guard."""
+    installed = tmp_path / "port-guard"
+    installed.write_bytes(HOST_TOOL.read_bytes())
+    proc = subprocess.run(
+        [sys.executable, str(installed), str(free_port()), "inference-server"], capture_output=True, text=True
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    proc = subprocess.run([sys.executable, str(installed), "http"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("usage: port-guard PORT UNIT")
 
 
@@ -136,8 +155,13 @@ def started_before(tmp_path: Path, ago: float, pid: int, files: list[Path]) -> d
     fake.write_text(FAKE_SYSTEMCTL % {"ago": ago, "pid": pid, "mono": mono})
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
-    out = subprocess.run([sys.executable, str(FILES / "started-before.py"), "inference-server", *map(str, files)],
-                         capture_output=True, text=True, env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, str(FILES / "started-before.py"), "inference-server", *map(str, files)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 

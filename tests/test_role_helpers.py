@@ -1,4 +1,5 @@
 """Host-side helpers of the roles, run for real on this machine."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_STATE = REPO / "roles/ml_env/files/venv_state.py"
-HOST_FACTS = REPO / "roles/preflight/files/host_facts.py"
+# llm_host.py facts: what preflight reads from the host.
+HOST_FACTS = REPO / "roles/preflight/files/llm_host.py"
 CHECK_SPECS = REPO / "tools/check-argument-specs"
 
 
@@ -61,8 +63,11 @@ def test_host_facts_names_the_process_on_a_port():
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
-                                          capture_output=True, text=True, check=True).stdout)
+        facts = json.loads(
+            subprocess.run(
+                [sys.executable, str(HOST_FACTS), "facts", str(port)], capture_output=True, text=True, check=True
+            ).stdout
+        )
     assert facts["port"]["listening"] is True
     assert facts["port"]["pid"] is not None
     assert "pytest" in facts["port"]["command"] or "python" in facts["port"]["command"]
@@ -73,8 +78,11 @@ def test_host_facts_on_a_free_port():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), str(port)],
-                                      capture_output=True, text=True, check=True).stdout)
+    facts = json.loads(
+        subprocess.run(
+            [sys.executable, str(HOST_FACTS), "facts", str(port)], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert facts["port"] == {"listening": False, "pid": None, "command": None, "user": None, "unit": None}
     assert facts["deployed"] == {}
 
@@ -92,7 +100,8 @@ def test_check_argument_specs_finds_drift(tmp_path):
     (role / "defaults/main.yml").write_text("demo_a: 1\ndemo_b: x\nother: 2\n")
     (role / "meta/argument_specs.yml").write_text(
         "argument_specs:\n  main:\n    options:\n      demo_a: {type: int, default: 2, description: A}\n"
-        "      demo_c: {type: str, description: C}\n")
+        "      demo_c: {type: str, description: C}\n"
+    )
     out = subprocess.run([sys.executable, str(CHECK_SPECS), str(tmp_path / "roles")], capture_output=True, text=True)
     assert out.returncode == 1
     assert "demo_b is in defaults/main.yml but not in meta/argument_specs.yml" in out.stdout
@@ -106,8 +115,11 @@ def test_venv_state_keeps_only_lines_whose_marker_applies(tmp_path):
     import venv_state
 
     lock = tmp_path / "lock.txt"
-    lock.write_text('a==1 ; python_version < "3.11"  # via x\na==2 ; python_version >= "3.11" and python_version < "3.12"\n'
-                    'a==3 ; python_version >= "3.12"\nb==4\n')
+    lock.write_text(
+        'a==1 ; python_version < "3.11"  # via x\n'
+        'a==2 ; python_version >= "3.11" and python_version < "3.12"\n'
+        'a==3 ; python_version >= "3.12"\nb==4\n'
+    )
     assert venv_state.read_lock(str(lock), (3, 10)) == {"a": "1", "b": "4"}
     assert venv_state.read_lock(str(lock), (3, 11)) == {"a": "2", "b": "4"}
     assert venv_state.read_lock(str(lock), (3, 12)) == {"a": "3", "b": "4"}
@@ -128,12 +140,18 @@ def test_sglang_lock_pins_the_engine_and_the_kernels_fix_on_every_python(repo):
 def test_host_facts_reads_the_deployed_state(tmp_path):
     state = tmp_path / "state.json"
     state.write_text(json.dumps({"venv_dir": "/opt/ml-env.d/abc", "model_dir": "/srv/m/revisions/r1"}))
-    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
-                                      capture_output=True, text=True, check=True).stdout)
+    facts = json.loads(
+        subprocess.run(
+            [sys.executable, str(HOST_FACTS), "facts", "1", str(state)], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert facts["deployed"]["venv_dir"] == "/opt/ml-env.d/abc"
     state.write_text("{not json")
-    facts = json.loads(subprocess.run([sys.executable, str(HOST_FACTS), "1", str(state)],
-                                      capture_output=True, text=True, check=True).stdout)
+    facts = json.loads(
+        subprocess.run(
+            [sys.executable, str(HOST_FACTS), "facts", "1", str(state)], capture_output=True, text=True, check=True
+        ).stdout
+    )
     assert facts["deployed"] == {}
 
 
@@ -151,19 +169,32 @@ def test_wait_ready_gives_up_at_once_when_the_server_is_gone():
     """ExecStartPost's probe: a dead $MAINPID ends the wait (no 30-minute start timeout)."""
     finished = subprocess.Popen([sys.executable, "-c", "import os; print(os.getpid())"], stdout=subprocess.PIPE)
     pid = int(finished.communicate()[0])
-    out = subprocess.run([sys.executable, str(WAIT_READY), f"http://127.0.0.1:{free_port()}/health", "0.1"],
-                         env={"MAINPID": str(pid)}, capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, str(WAIT_READY), f"http://127.0.0.1:{free_port()}/health", "0.1"],
+        env={"MAINPID": str(pid)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 1 and f"pid {pid}" in out.stderr
 
 
 def test_wait_ready_returns_once_health_answers_200(tmp_path):
     port = free_port()
     (tmp_path / "health").write_text("ok")
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                               "--directory", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        out = subprocess.run([sys.executable, str(WAIT_READY), f"http://127.0.0.1:{port}/health", "0.1"],
-                             env={"MAINPID": str(server.pid)}, capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            [sys.executable, str(WAIT_READY), f"http://127.0.0.1:{port}/health", "0.1"],
+            env={"MAINPID": str(server.pid)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     finally:
         server.kill()
     assert out.returncode == 0 and "ready after" in out.stdout
@@ -174,6 +205,6 @@ def test_host_facts_tells_what_is_at_each_path_without_following_links(tmp_path)
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "dir")
     paths = [str(tmp_path / name) for name in ("dir", "file", "link", "absent")]
-    argv = [sys.executable, str(HOST_FACTS), "1"] + [arg for path in paths for arg in ("--path", path)]
+    argv = [sys.executable, str(HOST_FACTS), "facts", "1"] + [arg for path in paths for arg in ("--path", path)]
     facts = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
-    assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"]))
+    assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"], strict=True))

@@ -1,12 +1,18 @@
 """Adoption of a host that runs by hand: (b) a failed switch gives the by-hand server back,
 (a) the adoption serves under systemd with the hand-built venv kept and a short gap, (c) a
 plain deploy afterwards is a no-op; no secret of the by-hand environment in any output."""
+
 from __future__ import annotations
 
 import json
 import os
 import re
+import sys
 from pathlib import Path
+
+# molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+from verify_steps import failed_output, recorded  # noqa: E402
 
 FAKE_TOKEN = "hf_FAKE-adopt-token-not-a-real-one"
 UNIT = "inference-server"
@@ -15,14 +21,14 @@ ADOPT_DIR = f"/var/lib/{UNIT}-deploy/adopt"
 
 def step(name: str) -> dict:
     """Exit code, output (colours removed) and port owner of one step of converge.yml."""
-    found = json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / f"adopt-{name}.json").read_text())
+    found = recorded(f"adopt-{name}.json")
     found["output"] = re.sub(r"\x1b\[[0-9;]*m", "", found["output"])
     return found
 
 
 def origin() -> dict:
-    """The by-hand server as prepare left it (by_hand.py inspect, masked)."""
-    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "adopt-origin.json").read_text())
+    """The by-hand server as prepare left it (llm_host.py inspect, masked)."""
+    return recorded("adopt-origin.json")
 
 
 def recap(output: str) -> dict:
@@ -44,11 +50,14 @@ def test_origin_is_a_server_started_by_hand():
 
 def test_plain_deploy_refuses_the_host_and_says_how_to_adopt():
     run = step("plain")
-    assert run["rc"] != 0
-    out = " ".join(run["output"].split())
-    assert re.search(r"Port 30000 on molecule-adopt is already taken by /root/ml-env/bin/python /root/ml-env/bin/transformers "
-                     r"serve .*\(pid \d+, not a systemd service\); stop that process or set inference_server_port to a "
-                     r"free port, or take that server over without a gap with deploy_adopt=true", out)
+    out = failed_output(run)
+    assert re.search(
+        r"Port 30000 on molecule-adopt is already taken by /root/ml-env/bin/python "
+        r"/root/ml-env/bin/transformers serve .*\(pid \d+, not a systemd service\); stop that process or "
+        r"set inference_server_port to a free port, or take that server over without a gap with "
+        r"deploy_adopt=true",
+        out,
+    )
     assert run["owner"]["pid"] == origin()["pid"]
 
 
@@ -61,10 +70,11 @@ def test_check_mode_finds_the_server_by_hand_and_leaves_it_serving():
 
 def test_b_failed_switch_fails_with_one_message_and_the_server_by_hand_serves_again():
     run = step("b")
-    assert run["rc"] != 0
-    out = " ".join(run["output"].split())
+    out = failed_output(run)
     assert "less than adopt_min_decode_share 100 of the by-hand server's" in out
-    assert "so the host is back on the server that ran by hand (started again as inference-server-by-hand.service" in out
+    assert (
+        "so the host is back on the server that ran by hand (started again as inference-server-by-hand.service"
+    ) in out
     owner = run["owner"]
     # The same argv, working directory, user and environment, now under a transient unit.
     assert owner["found"] and owner["unit"] == "inference-server-by-hand.service"
@@ -99,7 +109,7 @@ def test_a_report_holds_before_and_after(host):
 
 
 def test_a_gap_is_at_most_the_warm_start_plus_5_s():
-    gap = json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "adopt-gap.json").read_text())
+    gap = recorded("adopt-gap.json")
     print(f"gap {gap['client']['gap_s']} s, warm start {gap['warm_start_s']:.2f} s")
     assert gap["client"]["answers"] > 10
     assert gap["client"]["gap_s"] <= float(gap["warm_start_s"]) + 5.0

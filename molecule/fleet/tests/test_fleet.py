@@ -2,11 +2,16 @@
 all under load without a failed or cut request, a bad change stops at the first host (rolled
 back, out of the gateway) and never touches the others, a good deploy puts it back, a no-op
 nightly run changes and restarts nothing, and drift is put back and reported."""
+
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
+
+# molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+from verify_steps import failed_output, recorded  # noqa: E402
 
 HOSTS = ["molecule-fleet-1", "molecule-fleet-2", "molecule-fleet-3"]
 GATEWAY = "molecule-fleet-gw"
@@ -15,18 +20,21 @@ KEY = "fleet-rehearsal-control-plane-key-0001"
 
 def step(name: str) -> dict:
     """What side_effect.yml recorded for one step: rc, output, per-host [unit sha, start]."""
-    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / f"fleet-{name}.json").read_text())
+    return recorded(f"fleet-{name}.json")
 
 
 def routable(run: dict) -> set[str]:
     """Hosts the gateway listed ready and healthy after a step."""
-    return {url.split("//")[1].split(":")[0] for url, status, healthy, _ in run["gateway_workers"]
-            if status == "ready" and healthy}
+    return {
+        url.split("//")[1].split(":")[0]
+        for url, status, healthy, _ in run["gateway_workers"]
+        if status == "ready" and healthy
+    }
 
 
 def rolling() -> dict:
     """bench/rolling_deploy report's figures for the good and the bad change under load."""
-    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "rolling_deploy.json").read_text())
+    return recorded("rolling_deploy.json")
 
 
 def unit_sha(record: dict, host: str) -> str:
@@ -61,8 +69,7 @@ def test_no_request_through_the_gateway_failed_or_was_cut_while_every_host_resta
 
 def test_bad_change_stops_at_the_first_host_which_is_back_on_its_previous_state():
     run = step("bad_change")
-    assert run["rc"] != 0
-    output = " ".join(run["output"].split())
+    output = failed_output(run)
     assert "Unsupported attention implementation: 'no_such_attention'" in output
     assert "The host is back on its last-known-good state" in output
     first, others = HOSTS[0], HOSTS[1:]

@@ -1,12 +1,17 @@
 """After two failing deploys the host is back on its previous state, serving, with the
 failed attempts on record and one message per failure saying so."""
+
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
+from verify_steps import failed_output, recorded  # noqa: E402
 
 UNIT = "inference-server"
 DEPLOY_DIR = f"/var/lib/{UNIT}-deploy"
@@ -14,18 +19,19 @@ DEPLOY_DIR = f"/var/lib/{UNIT}-deploy"
 
 def run_of(case: str) -> dict:
     """Exit code and output of one failing deploy from side_effect.yml."""
-    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / f"rollback-{case}.json"
-    return json.loads(path.read_text())
+    return recorded(f"rollback-{case}.json")
 
 
-@pytest.mark.parametrize("case, evidence", [
-    ("engine_refuses_start", "Unsupported attention implementation: 'no_such_attention'"),
-    ("threshold_not_met", "is below min_decode_tps"),
-])
+@pytest.mark.parametrize(
+    "case, evidence",
+    [
+        ("engine_refuses_start", "Unsupported attention implementation: 'no_such_attention'"),
+        ("threshold_not_met", "is below min_decode_tps"),
+    ],
+)
 def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence):
     run = run_of(case)
-    assert run["rc"] != 0
-    out = " ".join(run["output"].split())
+    out = failed_output(run)
     assert "failed on molecule-rollback:" in out
     assert evidence in out
     assert "The host is back on its last-known-good state" in out
@@ -36,8 +42,7 @@ def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence
 
 def test_a_plan_the_engine_refuses_leaves_the_server_untouched():
     run = run_of("engine_check_refuses")
-    assert run["rc"] != 0
-    out = " ".join(run["output"].split())
+    out = failed_output(run)
     assert "refused by the engine's own check" in out
     assert "Nothing to roll back: the unit and its secrets are the last-known-good ones" in out
     assert run["started_after"] == run["started_before"]
@@ -54,10 +59,12 @@ def test_unit_on_disk_is_the_last_known_good_one(host):
 def test_service_is_active_and_answering(host):
     assert host.service(UNIT).is_running
     model = host.file("/srv/models/tiny-qwen3.5/current").linked_to
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "def add(a, b):"}],
-                       "max_tokens": 8, "temperature": 0})
-    answer = host.run(f"curl -sf -H 'content-type: application/json' -d '{body}' "
-                      "http://127.0.0.1:8000/v1/chat/completions")
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 8, "temperature": 0}
+    )
+    answer = host.run(
+        f"curl -sf -H 'content-type: application/json' -d '{body}' http://127.0.0.1:8000/v1/chat/completions"
+    )
     assert answer.rc == 0, answer.stderr
     assert json.loads(answer.stdout)["usage"]["completion_tokens"] > 0
 

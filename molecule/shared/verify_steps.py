@@ -1,0 +1,24 @@
+"""Helpers shared by the verifiers of the molecule scenarios.
+
+Molecule's testinfra verifier runs pytest on each scenario's ``tests/`` directory; a test
+module there imports this one after putting ``molecule/shared`` on ``sys.path`` (found from
+its own ``__file__``, so it does not depend on the directory pytest is started in).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def recorded(name: str) -> Any:
+    """The JSON file ``name`` that the scenario's playbooks wrote to its ephemeral directory."""
+    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / name).read_text())
+
+
+def failed_output(run: dict[str, Any]) -> str:
+    """The output of a recorded step that must have failed, its whitespace folded to single spaces."""
+    assert run["rc"] != 0, f"the step was expected to fail, but exited {run['rc']}"
+    return " ".join(run["output"].split())

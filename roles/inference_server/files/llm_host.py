@@ -1,0 +1,1 @@
+../../preflight/files/llm_host.py

@@ -7,7 +7,8 @@ Standard library only.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def bakeoff_figures(report: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -20,7 +20,8 @@ on the draft tokens set here. Standard library only.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 # Algorithms whose drafter is a separate model (--speculative-draft-model-path). NEXTN
 # drafts with the target's own MTP head; NGRAM drafts from the context.

@@ -13,12 +13,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from launch_plan_cases import CHECK_SCRIPT, QWEN_CONFIG, REPO, TINY_CONFIG, cache_dir, load_yaml
 
 

@@ -28,7 +28,7 @@ import pytest
 from launch_plan import PlanError, build_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import base_options, fake_server, llm_gate  # noqa: E402,F401 - fixture used by name
+from test_gate_support import base_options, llm_gate  # noqa: E402 - imported after the sys.path insert
 
 pytest_plugins = ["conftest_launch_plan"]
 

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -47,7 +45,7 @@ DRAIN_BOUND_S = 120
 EXIT_AFTER_LAST_S = 10
 
 
-def stream(url: str, tokens: int, out: Dict[str, Any]) -> None:
+def stream(url: str, tokens: int, out: dict[str, Any]) -> None:
     """One streaming chat completion; fills ``out`` with what arrived and when."""
     body = {
         "model": str(MODEL), "stream": True, "max_tokens": tokens,
@@ -80,7 +78,7 @@ def stream(url: str, tokens: int, out: Dict[str, Any]) -> None:
     out["ended"] = time.monotonic()
 
 
-def complete(result: Dict[str, Any]) -> bool:
+def complete(result: dict[str, Any]) -> bool:
     """True when the stream ended normally with all its tokens."""
     return (result.get("error") is None and result.get("finish") == "length"
             and (result.get("usage") or {}).get("completion_tokens") == TOKENS)
@@ -100,24 +98,24 @@ def received(tmp_path: Path) -> int:
     return (tmp_path / "server.log").read_text(errors="replace").count("[Request received]")
 
 
-def signal_during_streams(tmp_path: Path, send) -> Dict[str, Any]:
+def signal_during_streams(tmp_path: Path, send) -> dict[str, Any]:
     """Start the real server, open STREAMS streams, call ``send(proc)`` once one has its first
     token and the server took them all, and report the streams, when the port stopped taking connections and how the server exited."""
     port = free_port()
-    url = "http://127.0.0.1:%d" % port
+    url = f"http://127.0.0.1:{port:d}"
     proc = start_server(tmp_path, port)
     try:
         wait_health(url, proc, tmp_path / "server.log")
-        results: List[Dict[str, Any]] = [{} for _ in range(STREAMS)]
+        results: list[dict[str, Any]] = [{} for _ in range(STREAMS)]
         threads = [threading.Thread(target=stream, args=(url, TOKENS, r)) for r in results]
         for thread in threads:
             thread.start()
         # In flight: the server took every request and the first one is streaming tokens.
         deadline = time.monotonic() + 60
         while not (any(r.get("first") for r in results) and received(tmp_path) >= STREAMS):
-            assert time.monotonic() < deadline, "the streams never started: %s" % results
+            assert time.monotonic() < deadline, f"the streams never started: {results}"
             time.sleep(0.05)
-        assert not any(r.get("ended") for r in results), "a stream ended before the signal: %s" % results
+        assert not any(r.get("ended") for r in results), f"a stream ended before the signal: {results}"
         signalled = time.monotonic()
         send(proc)
         refused_at = None
@@ -144,12 +142,12 @@ def signal_during_streams(tmp_path: Path, send) -> Dict[str, Any]:
             proc.wait()
 
 
-def summary(run: Dict[str, Any]) -> str:
+def summary(run: dict[str, Any]) -> str:
     """The streams and the exit, for a failure message and the test log."""
-    rows = ["stream %d: %s tokens, finish %s, error %s, last token %.2f s after the signal" % (
+    rows = ["stream {:d}: {} tokens, finish {}, error {}, last token {:.2f} s after the signal".format(
         i, (r.get("usage") or {}).get("completion_tokens"), r.get("finish"), r.get("error"),
         (r["last"] - run["signalled"]) if r.get("last") else float("nan")) for i, r in enumerate(run["streams"])]
-    rows.append("exit %s, %.2f s after the signal, %.2f s after the last stream ended" % (
+    rows.append("exit {}, {:.2f} s after the signal, {:.2f} s after the last stream ended".format(
         run["returncode"], run["exit_s"], run["exit_after_last_s"]))
     return "\n".join(rows) + "\n--- server log ---\n" + run["log"][-2000:]
 
@@ -203,7 +201,7 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
     return (tmp_path / "unit").read_text()
 
 
-def directives(unit: str, name: str) -> List[str]:
+def directives(unit: str, name: str) -> list[str]:
     """The values of every ``name=`` line of the unit."""
     return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(name + "=")]
 

@@ -16,10 +16,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import pytest
-
 from test_nightly_support import FIXTURE, REPO, recorded_event
 
 spec = importlib.util.spec_from_file_location("prometheus_textfile", REPO / "filter_plugins" / "prometheus_textfile.py")
@@ -30,24 +28,24 @@ METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 TYPES = {"counter", "gauge", "histogram", "summary", "untyped"}
 
-Series = Tuple[str, Tuple[Tuple[str, str], ...]]
+Series = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def _parse_labels(text: str, line: str) -> Tuple[Tuple[str, str], ...]:
+def _parse_labels(text: str, line: str) -> tuple[tuple[str, str], ...]:
     """``a="x",b="y\\"z"`` -> (("a", "x"), ("b", 'y"z')), strictly."""
-    pairs: List[Tuple[str, str]] = []
+    pairs: list[tuple[str, str]] = []
     i = 0
     while i < len(text):
         match = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)=\"").match(text, i)
-        assert match, "bad label syntax at %r in %r" % (text[i:], line)
+        assert match, f"bad label syntax at {text[i:]!r} in {line!r}"
         name, i = match.group(1), match.end()
         value = []
         while True:
-            assert i < len(text), "unterminated label value in %r" % line
+            assert i < len(text), f"unterminated label value in {line!r}"
             ch = text[i]
             if ch == "\\":
                 nxt = text[i + 1]
-                assert nxt in ('\\', '"', 'n'), "bad escape \\%s in %r" % (nxt, line)
+                assert nxt in ('\\', '"', 'n'), f"bad escape \\{nxt} in {line!r}"
                 value.append({"\\": "\\", '"': '"', "n": "\n"}[nxt])
                 i += 2
             elif ch == '"':
@@ -57,18 +55,18 @@ def _parse_labels(text: str, line: str) -> Tuple[Tuple[str, str], ...]:
                 assert ch != "\n"
                 value.append(ch)
                 i += 1
-        assert name not in dict(pairs), "duplicate label %s in %r" % (name, line)
+        assert name not in dict(pairs), f"duplicate label {name} in {line!r}"
         pairs.append((name, "".join(value)))
         if i < len(text):
-            assert text[i] == ",", "expected ',' at %r in %r" % (text[i:], line)
+            assert text[i] == ",", f"expected ',' at {text[i:]!r} in {line!r}"
             i += 1
     return tuple(sorted(pairs))
 
 
-def parse_exposition(text: str) -> Dict[str, Dict[str, object]]:
+def parse_exposition(text: str) -> dict[str, dict[str, object]]:
     """{family: {"help": str, "type": str, "samples": {labels-tuple: float}}}; asserts on any error."""
     assert text.endswith("\n"), "the file must end with a newline"
-    families: Dict[str, Dict[str, object]] = {}
+    families: dict[str, dict[str, object]] = {}
     seen: set = set()
     current = None
     finished: set = set()
@@ -76,32 +74,32 @@ def parse_exposition(text: str) -> Dict[str, Dict[str, object]]:
         assert line.strip(), "empty line"
         if line.startswith("#"):
             match = re.match(r"^# (HELP|TYPE) (\S+) (.+)$", line)
-            assert match, "bad comment line %r" % line
+            assert match, f"bad comment line {line!r}"
             kind, name, rest = match.groups()
             assert METRIC_NAME.match(name), name
             if name != current:
-                assert name not in finished and name not in families, "family %s is split" % name
+                assert name not in finished and name not in families, f"family {name} is split"
                 if current:
                     finished.add(current)
                 current = name
                 families[name] = {"help": None, "type": None, "samples": {}}
             fam = families[name]
-            assert not fam["samples"], "%s before the samples of %s" % (kind, name)
+            assert not fam["samples"], f"{kind} before the samples of {name}"
             key = kind.lower()
-            assert fam[key] is None, "second %s for %s" % (kind, name)
+            assert fam[key] is None, f"second {kind} for {name}"
             if kind == "TYPE":
                 assert rest in TYPES, rest
             fam[key] = rest
             continue
         match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)( -?\d+)?$", line)
-        assert match, "bad sample line %r" % line
+        assert match, f"bad sample line {line!r}"
         name, _, label_text, value = match.group(1), match.group(2), match.group(3), match.group(4)
-        assert name == current, "sample of %s outside its family (%s)" % (name, current)
+        assert name == current, f"sample of {name} outside its family ({current})"
         fam = families[name]
-        assert fam["help"] is not None and fam["type"] is not None, "%s has no HELP/TYPE" % name
+        assert fam["help"] is not None and fam["type"] is not None, f"{name} has no HELP/TYPE"
         labels = _parse_labels(label_text, line) if label_text else ()
         series = (name, labels)
-        assert series not in seen, "duplicate series %r" % (series,)
+        assert series not in seen, f"duplicate series {series!r}"
         seen.add(series)
         fam["samples"][labels] = float(value)
     return families
@@ -212,8 +210,8 @@ def test_filter_writes_the_textfile_through_ansible(tmp_path):
     env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_CONFIG=str(FIXTURE / "ansible.cfg"))
     for _ in range(2):
-        proc = subprocess.run([playbook, str(FIXTURE / "prometheus.yml"), "-i", "localhost,", "-e", "@%s" % vars_file,
-                               "-e", "ansible_python_interpreter=%s" % sys.executable],
+        proc = subprocess.run([playbook, str(FIXTURE / "prometheus.yml"), "-i", "localhost,", "-e", f"@{vars_file}",
+                               "-e", f"ansible_python_interpreter={sys.executable}"],
                               capture_output=True, text=True, timeout=180, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert re.search(r"localhost\s+: ok=1\s+changed=0", proc.stdout), proc.stdout

@@ -17,9 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from launch_plan_cases import (CHECK_SCRIPT, ORIGIN_FLAGS, ORIGIN_OVERRIDES, ORIGIN_REFUSAL, QWEN_CONFIG, REPO,
-                               cache_dir)
+from launch_plan_cases import CHECK_SCRIPT, ORIGIN_FLAGS, ORIGIN_OVERRIDES, ORIGIN_REFUSAL, QWEN_CONFIG, REPO, cache_dir
 
 pytest_plugins = ["conftest_launch_plan"]
 

@@ -128,14 +128,14 @@ def test_a_restart_lets_every_stream_in_flight_finish_and_reports_the_downtime(h
     assert run.rc == 0, run.stdout + run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for i, stream in enumerate(report["streams"]):
-        print("stream %d: %s tokens, finish %s, error %s, ended %.2f s after the restart was asked" % (
+        print("stream {:d}: {} tokens, finish {}, error {}, ended {:.2f} s after the restart was asked".format(
             i, stream.get("tokens"), stream.get("finish"), stream.get("error"), stream["ended"] - report["restart"]))
-    print("old server: port closed %.2f s and last token %.2f s after the restart was asked; new server: first "
-          "token %.2f s after it; downtime (old last token to new first token) %.2f s" % (
+    print("old server: port closed {:.2f} s and last token {:.2f} s after the restart was asked; new server: first "
+          "token {:.2f} s after it; downtime (old last token to new first token) {:.2f} s".format(
               report["port_closed_s"], report["last_old_token_s"], report["new_first_token_s"],
               report["downtime_s"]))
     cut = [s for s in report["streams"] if s.get("error") or s.get("finish") != "length" or s.get("tokens") != TOKENS]
-    assert not cut, "%d of %d streams were cut by the restart: %s" % (len(cut), STREAMS, report)
+    assert not cut, f"{len(cut):d} of {STREAMS:d} streams were cut by the restart: {report}"
     assert all(s["ended"] > report["restart"] for s in report["streams"]), "a stream ended before the restart"
     # systemd's own reading of the unit, and a new main process that serves.
     assert report["unit"]["KillMode"] == "mixed"

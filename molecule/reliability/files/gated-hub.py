@@ -30,7 +30,7 @@ class Gated(BaseHTTPRequestHandler):
 
     def log_message(self, fmt: str, *args: object) -> None:
         """Log the request line (with the Authorization header's presence, never its value)."""
-        sys.stderr.write("%s auth=%s\n" % (fmt % args, "yes" if self.headers.get("authorization") else "no"))
+        sys.stderr.write("{} auth={}\n".format(fmt % args, "yes" if self.headers.get("authorization") else "no"))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any
 
 import pytest
 import yaml
@@ -48,7 +49,7 @@ FAST_GATE = {"health_gate_warmup_requests": 1, "health_gate_requests": 2, "healt
 # output and file is searched for both.
 SECRETS = [{"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"}
            for i in range(2)]
-ROWS: List[Dict[str, Any]] = []
+ROWS: list[dict[str, Any]] = []
 STARTED = time.time()
 
 
@@ -57,7 +58,7 @@ STARTED = time.time()
 # --------------------------------------------------------------------------------------
 
 
-def dexec(*argv: str, check: bool = True, timeout: float = 120, stdin: Optional[str] = None) -> str:
+def dexec(*argv: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> str:
     """Run a command in the container; its stdout."""
     proc = subprocess.run(["docker", "exec", "-i", HOST, *argv], capture_output=True, text=True,
                           timeout=timeout, input=stdin)
@@ -76,13 +77,13 @@ def put(path: str, content: str, mode: str = "0644") -> None:
     dexec("sh", "-c", f"mkdir -p \"$(dirname {path})\" && cat > {path} && chmod {mode} {path}", stdin=content)
 
 
-def unit_props(*names: str) -> Dict[str, str]:
+def unit_props(*names: str) -> dict[str, str]:
     """systemctl show of the server's unit."""
     out = dexec("systemctl", "show", UNIT, *[f"-p{n}" for n in names])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def server_state() -> Dict[str, Any]:
+def server_state() -> dict[str, Any]:
     """What 'the host still serves, untouched' means here: the same process, unit, venv and model."""
     props = unit_props("MainPID", "ExecMainStartTimestamp", "ActiveState", "NRestarts")
     files = sh(f"sha256sum /etc/systemd/system/{UNIT}.service /etc/{UNIT}/secrets.env | cut -c1-16; "
@@ -119,14 +120,14 @@ class Run:
     """One ansible-playbook run: exit status, events, the final failure, timings."""
 
     rc: int
-    events: List[Dict[str, Any]]
+    events: list[dict[str, Any]]
     stdout: str
     stderr: str
     duration_s: float
     killed: bool = False
-    marks: Dict[str, float] = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)
 
-    def failures(self) -> List[Dict[str, Any]]:
+    def failures(self) -> list[dict[str, Any]]:
         """(task name, result) of every failed, non-ignored task result, in order."""
         out = []
         for event in self.events:
@@ -149,19 +150,19 @@ class Run:
         failures = self.failures()
         return failures[-1]["task"] if failures else ""
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """The recap of the first host."""
         for event in self.events:
             if event.get("_event") == "v2_playbook_on_stats":
                 return next(iter(event["stats"].values()), {})
         return {}
 
-    def changed_tasks(self) -> List[str]:
+    def changed_tasks(self) -> list[str]:
         """Names of the tasks that reported a change."""
         return [e["task"]["name"] for e in self.events if e.get("_event") == "v2_runner_on_ok"
                 and any(isinstance(r, dict) and r.get("changed") for r in (e.get("hosts") or {}).values())]
 
-    def warnings(self) -> List[str]:
+    def warnings(self) -> list[str]:
         """Warnings returned by modules."""
         found = []
         for event in self.events:
@@ -189,13 +190,13 @@ class Deployer:
                          "sglang_servers": {"hosts": {"rel-gpu": docker}}}}}))
         self.count = 0
         # Every run's output, for the secrets test: (label, text).
-        self.outputs: List[Any] = []
+        self.outputs: list[Any] = []
         # Fake secrets, vaulted in the inventory's host_vars as an operator would keep them.
         self.vault_password = workdir / "vault-password"
         self.vault_password.write_text("reliability-scenario-vault-password\n")
         self.vault_password.chmod(0o600)
         self.set_secrets(SECRETS[0])
-    def env(self, callback: str = "ansible.posix.jsonl") -> Dict[str, str]:
+    def env(self, callback: str = "ansible.posix.jsonl") -> dict[str, str]:
         """The environment of a run: the repository's ansible.cfg, nothing of molecule's."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
         env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
@@ -204,8 +205,8 @@ class Deployer:
                     "DEPLOY_CACHE_DIR": str(CACHE)})
         return env
 
-    def command(self, limit: str, extra: Optional[Dict[str, Any]], args: List[str], playbook: str,
-                fast_gate: bool, verbose: bool = False) -> List[str]:
+    def command(self, limit: str, extra: dict[str, Any] | None, args: list[str], playbook: str,
+                fast_gate: bool, verbose: bool = False) -> list[str]:
         """The ansible-playbook command line; extra variables go in a file of this session.
 
         ``verbose`` adds ``-vvvv --diff``: the output is then part of what the secrets test greps.
@@ -218,8 +219,8 @@ class Deployer:
                 "-e", f"@{varfile}", "--vault-password-file", str(self.vault_password),
                 *(["-vvvv", "--diff"] if verbose else []), *args]
 
-    def run(self, extra: Optional[Dict[str, Any]] = None, limit: str = "rel-molecule", args: Optional[List[str]] = None,
-            playbook: str = "deploy.yml", watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]] = None,
+    def run(self, extra: dict[str, Any] | None = None, limit: str = "rel-molecule", args: list[str] | None = None,
+            playbook: str = "deploy.yml", watch: Callable[[dict[str, Any], RunHandle], None] | None = None,
             timeout: float = 600, fast_gate: bool = True, callback: str = "ansible.posix.jsonl",
             verbose: bool = False) -> Run:
         """Run to the end; ``watch(event, handle)`` sees each event as it comes (it may kill the run)."""
@@ -230,8 +231,8 @@ class Deployer:
                              run.stdout + run.stderr))
         return run
 
-    def start(self, extra: Optional[Dict[str, Any]] = None, limit: str = "rel-molecule",
-              args: Optional[List[str]] = None, fast_gate: bool = True, verbose: bool = False) -> "RunHandle":
+    def start(self, extra: dict[str, Any] | None = None, limit: str = "rel-molecule",
+              args: list[str] | None = None, fast_gate: bool = True, verbose: bool = False) -> RunHandle:
         """Start a run in the background (its output is kept for the secrets test when it ends)."""
         handle = RunHandle(self.command(limit, extra, list(args or []), "deploy.yml", fast_gate, verbose), self.env())
         handle.background()
@@ -240,7 +241,7 @@ class Deployer:
         return handle
 
 
-    def set_secrets(self, values: Dict[str, str]) -> None:
+    def set_secrets(self, values: dict[str, str]) -> None:
         """Vault ``values`` (hf_token, api_key) into host_vars/rel-molecule of this session's inventory."""
         host_vars = self.inventory.parent / "host_vars" / "rel-molecule"
         host_vars.mkdir(parents=True, exist_ok=True)
@@ -260,17 +261,17 @@ class Deployer:
 class RunHandle:
     """A running ansible-playbook: its events as they come, and a way to kill it like a crash."""
 
-    def __init__(self, argv: List[str], env: Dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      cwd=str(REPO), start_new_session=True)
-        self.events: List[Dict[str, Any]] = []
-        self.lines: List[str] = []
+        self.events: list[dict[str, Any]] = []
+        self.lines: list[str] = []
         self.killed = False
-        self.marks: Dict[str, float] = {}
-        self._thread: Optional[threading.Thread] = None
-        self.on_end: Optional[Callable[[Run], None]] = None
-        self._stderr: List[str] = []
+        self.marks: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self.on_end: Callable[[Run], None] | None = None
+        self._stderr: list[str] = []
         threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
 
     def mark(self, name: str) -> float:
@@ -287,7 +288,7 @@ class RunHandle:
         except ProcessLookupError:
             pass
 
-    def _read(self, watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]]) -> None:
+    def _read(self, watch: Callable[[dict[str, Any], RunHandle], None] | None) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
             if not line.startswith("{"):
@@ -305,7 +306,7 @@ class RunHandle:
         self._thread = threading.Thread(target=self._read, args=(None,), daemon=True)
         self._thread.start()
 
-    def wait(self, watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]] = None, timeout: float = 600) -> Run:
+    def wait(self, watch: Callable[[dict[str, Any], RunHandle], None] | None = None, timeout: float = 600) -> Run:
         """Read (unless in the background) and wait for the end."""
         timer = threading.Timer(timeout, self.kill)
         timer.start()
@@ -325,7 +326,7 @@ class RunHandle:
         return run
 
 
-def task_started(event: Dict[str, Any], name: str) -> bool:
+def task_started(event: dict[str, Any], name: str) -> bool:
     """Whether ``event`` is the start of the task (or handler) named ``name`` (suffix match)."""
     if event.get("_event") not in ("v2_playbook_on_task_start", "v2_playbook_on_handler_task_start"):
         return False
@@ -361,7 +362,7 @@ def nightly_dir(workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def good_state(deployer: Deployer) -> Dict[str, Any]:
+def good_state(deployer: Deployer) -> dict[str, Any]:
     """The state converge left: active, serving, no lock; the cases start from it."""
     assert wait_for(healthy, 120), "the server converge deployed does not answer /health"
     state = server_state()
@@ -400,7 +401,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     }, indent=2) + "\n")
 
 
-def same_server(before: Dict[str, Any], after: Dict[str, Any]) -> bool:
+def same_server(before: dict[str, Any], after: dict[str, Any]) -> bool:
     """Same main process started at the same time, same unit/secrets, same venv and model links, no lock left."""
     keys = ("MainPID", "ExecMainStartTimestamp", "ActiveState", "files")
     return all(before.get(k) == after.get(k) for k in keys)

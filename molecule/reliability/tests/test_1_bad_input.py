@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any
 
 import pytest
-
 from conftest import CACHE, REPO, Deployer, dexec, full_match, put, record, same_server, server_state, sh
 
 TINY = CACHE / "models" / "tiny-qwen3.5"
@@ -52,10 +52,10 @@ class Case:
     title: str
     how: str
     expected: str
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     limit: str = "rel-molecule"
-    setup: Optional[Callable[[], None]] = None
-    teardown: Optional[Callable[[], None]] = None
+    setup: Callable[[], None] | None = None
+    teardown: Callable[[], None] | None = None
     # Only the late case syncs a new model revision before it is refused (and puts the link back).
     allow_changes: bool = False
 
@@ -215,7 +215,7 @@ CASES = cases(Path("/nonexistent"))
 
 @pytest.mark.parametrize("case_id", [c.id for c in CASES])
 def test_bad_input_is_refused_with_one_sentence_and_the_server_untouched(
-        case_id: str, work: Path, deployer: Deployer, good_state: Dict[str, Any]) -> None:
+        case_id: str, work: Path, deployer: Deployer, good_state: dict[str, Any]) -> None:
     case = next(c for c in cases(work) if c.id == case_id)
     if case.setup:
         case.setup()

@@ -17,12 +17,27 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import yaml
-
-from conftest import (FAST_GATE, PORT, REPO, SECRETS, UNIT, Deployer, RunHandle, dexec, full_match, healthy, record,
-                      server_state, sh, task_started, unit_props, wait_for)
+from conftest import (
+    FAST_GATE,
+    PORT,
+    REPO,
+    SECRETS,
+    UNIT,
+    Deployer,
+    RunHandle,
+    dexec,
+    full_match,
+    healthy,
+    record,
+    server_state,
+    sh,
+    task_started,
+    unit_props,
+    wait_for,
+)
 
 # A change that restarts the server (a new Environment= line), kept for the next tests.
 MARK_A = {"inference_server_environment": {"RELIABILITY_MARK": "a"}}
@@ -64,14 +79,14 @@ def in_background(fn: Any) -> threading.Thread:
     return thread
 
 
-def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deployer, good_state: Dict[str, Any]) -> None:
+def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deployer, good_state: dict[str, Any]) -> None:
     """Kill the controller after the new unit is written but before the restart; run again.
 
     While that second run holds the lock, a third deploy starts: it must be refused at once.
     """
     before = server_state()
 
-    def kill_before_restart(event: Dict[str, Any], handle: RunHandle) -> None:
+    def kill_before_restart(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, "Note whether the unit, its secrets or its API key file changed in this run"):
             handle.kill()
 
@@ -119,7 +134,7 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
 def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
     """kill -9 of the new engine while the gate measures it: the deploy rolls back."""
     old_pid = main_pid()
-    crashed: Dict[str, float] = {}
+    crashed: dict[str, float] = {}
 
     def crash(handle: RunHandle) -> None:
         assert wait_for(lambda: main_pid() not in (0, old_pid) and healthy(), 120)
@@ -127,7 +142,7 @@ def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
         dexec("kill", "-9", str(crashed["pid"]))
         crashed["at"] = handle.mark("crash")
 
-    def watch(event: Dict[str, Any], handle: RunHandle) -> None:
+    def watch(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, "Run the health gate on the host") and "at" not in crashed and "t" not in crashed:
             crashed["t"] = 1
             in_background(lambda: crash(handle))
@@ -161,7 +176,7 @@ def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
 
 def test_engine_hangs_without_answering_during_the_nightly_run(deployer: Deployer, nightly_dir: Path) -> None:
     """SIGSTOP of the engine while the nightly redeploy (tools/nightly-deploy, a no-op) gates it."""
-    stopped: Dict[str, Any] = {}
+    stopped: dict[str, Any] = {}
     since = sh("date '+%Y-%m-%d %H:%M:%S'").strip()
     old_pid = main_pid()
 
@@ -220,7 +235,7 @@ def _last_failure(artifacts: Path) -> str:
     return " ".join(str(failed[-1]["event_data"]["res"].get("msg", "")).split()) if failed else ""
 
 
-def _first_event_time(artifacts: Path, task: str) -> Optional[float]:
+def _first_event_time(artifacts: Path, task: str) -> float | None:
     """When a task started in the newest nightly run's ansible-runner events (Unix seconds)."""
     for event in _newest_run_events(artifacts):
         if event.get("event") == "playbook_on_task_start" and event.get("event_data", {}).get("task", "") == task:
@@ -267,13 +282,13 @@ def test_an_orphan_of_another_owner_holds_the_port(deployer: Deployer) -> None:
     assert healthy() and not lock_held()
 
 
-SQUAT = """import socket, time
+SQUAT = f"""import socket, time
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", %d))
+s.bind(("127.0.0.1", {PORT:d}))
 s.listen()
 time.sleep(3600)
-""" % PORT
+"""
 
 
 def test_a_left_over_of_our_own_unit_holds_the_port() -> None:
@@ -336,7 +351,7 @@ def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
                  "model_sync_disk_reserve_mib": 16, "model_sync_rsync_opts": ["--bwlimit=12m", "--stats"],
                  "model_sync_source": {"type": "controller_dir", "path": str(src)}}
     incoming = "/srv/models/rel-big/.incoming"
-    killed_at: Dict[str, Any] = {}
+    killed_at: dict[str, Any] = {}
 
     def kill_rsync(handle: RunHandle) -> None:
         assert wait_for(lambda: int(sh(f"du -sb {incoming} 2>/dev/null | cut -f1 || echo 0").strip() or 0)
@@ -347,7 +362,7 @@ def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
         killed_at["pids"] = victims
         killed_at["t"] = handle.mark("rsync-killed")
 
-    def watch(event: Dict[str, Any], handle: RunHandle) -> None:
+    def watch(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, "Push the model from the controller into the incoming snapshot") and not killed_at:
             killed_at["started"] = True
             in_background(lambda: kill_rsync(handle))

@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 from conftest import SECRETS, UNIT, Deployer, dexec, healthy, record, sh, unit_props
 
 
-def values(sets: List[Dict[str, str]] = SECRETS) -> List[str]:
+def values(sets: list[dict[str, str]] = SECRETS) -> list[str]:
     """Every fake secret value of the session."""
     return [v for s in sets for v in s.values()]
 
 
-def count_in(text: str, needles: List[str]) -> int:
+def count_in(text: str, needles: list[str]) -> int:
     """Occurrences of any needle in ``text``."""
     return sum(text.count(n) for n in needles)
 
 
-def host_count(paths: str, needles: List[str], exclude: List[str] = ()) -> Tuple[int, int]:
+def host_count(paths: str, needles: list[str], exclude: list[str] = ()) -> tuple[int, int]:
     """(files searched, occurrences of the needles) under ``paths`` in the container, but ``exclude``."""
     drop = "".join(f" -e '{e}'" for e in exclude) or " -e '^$'"
     pattern = "".join(f" -e '{n}'" for n in needles)

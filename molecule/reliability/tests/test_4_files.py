@@ -3,7 +3,6 @@ the deploy owns in the right hands (the secrets test left an API key and an HF t
 from __future__ import annotations
 
 import pytest
-
 from conftest import UNIT, record
 
 # path -> (type, user, group, mode)

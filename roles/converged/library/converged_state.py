@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
 """Ansible module ``converged_state``: the record of a converged deploy, and its check."""
 

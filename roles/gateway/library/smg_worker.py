@@ -94,7 +94,6 @@ waited_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
 from ansible.module_utils.smg_api import (  # noqa: E402
     Gateway,
     GatewayError,

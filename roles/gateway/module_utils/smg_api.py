@@ -11,7 +11,8 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 KEY_VARIABLE = "SMG_CONTROL_PLANE_API_KEY"
 

@@ -36,8 +36,9 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, TextIO
 
 PASSED, REFUSED, USAGE, GPU_LESS = 0, 1, 2, 3
 STATUS = {PASSED: "passed", REFUSED: "refused", USAGE: "usage", GPU_LESS: "passed-gpu-less"}
@@ -320,7 +321,6 @@ def check_sglang(args: list[str], gpus: int) -> int:
 def transformers_serve_command() -> Any:
     """The click command behind ``transformers serve`` (transformers' own typer app)."""
     import click
-
     from transformers.cli.transformers import app
 
     if isinstance(app, click.Group):  # huggingface_hub's typer_factory builds the click group itself

@@ -26,6 +26,7 @@ file into place) to ``/var/lib/node_exporter/textfile_collector/llm_gate.prom``,
 ``changed_when: false``: the figures change on every run, and a measurement is not a
 change to the host (a no-op deploy must report zero changed tasks).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -37,8 +38,10 @@ from typing import Any
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # used without Ansible (tests, tools)
+
     class AnsibleFilterError(ValueError):  # type: ignore[no-redef]
         """Stand-in for Ansible's filter error."""
+
 
 # Input key -> where to find it: first in a flat mapping, then in the gate's full report.
 GATE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -53,21 +56,31 @@ REQUIRED_FIELDS = ("passed",)
 
 # Metric families in output order: (name, type, help, [(input key, extra labels)]).
 METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...] = (
-    ("llm_gate_decode_tokens_per_second", "gauge",
-     "Mean decode tokens/s per request measured by the health gate.",
-     (("decode_tps", {}),)),
-    ("llm_gate_ttft_seconds", "gauge",
-     "Time to first token measured by the health gate, by quantile.",
-     (("ttft_p50_s", {"quantile": "0.5"}), ("ttft_p95_s", {"quantile": "0.95"}))),
-    ("llm_gate_accept_length", "gauge",
-     "Speculative decoding (MTP) accept length measured by the health gate.",
-     (("accept_length", {}),)),
-    ("llm_gate_passed", "gauge",
-     "1 when the last health gate passed, 0 when it failed.",
-     (("passed", {}),)),
-    ("llm_gate_last_run_timestamp_seconds", "gauge",
-     "Unix time at which the last health gate started.",
-     (("timestamp", {}),)),
+    (
+        "llm_gate_decode_tokens_per_second",
+        "gauge",
+        "Mean decode tokens/s per request measured by the health gate.",
+        (("decode_tps", {}),),
+    ),
+    (
+        "llm_gate_ttft_seconds",
+        "gauge",
+        "Time to first token measured by the health gate, by quantile.",
+        (("ttft_p50_s", {"quantile": "0.5"}), ("ttft_p95_s", {"quantile": "0.95"})),
+    ),
+    (
+        "llm_gate_accept_length",
+        "gauge",
+        "Speculative decoding (MTP) accept length measured by the health gate.",
+        (("accept_length", {}),),
+    ),
+    ("llm_gate_passed", "gauge", "1 when the last health gate passed, 0 when it failed.", (("passed", {}),)),
+    (
+        "llm_gate_last_run_timestamp_seconds",
+        "gauge",
+        "Unix time at which the last health gate started.",
+        (("timestamp", {}),),
+    ),
 )
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

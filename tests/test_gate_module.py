@@ -225,14 +225,30 @@ def test_module_in_check_mode_measures_but_writes_nothing(fake_server, tmp_path)
 def test_module_relative_gate_fails_a_slower_changed_unit(fake_server, tmp_path):
     """The baseline a passing report leaves, passed back through Ansible's argument spec."""
     server = fake_server()
-    args = {"url": server.url, "warmup_requests": 0, "requests": 2, "max_tokens": 16, "poll_interval_s": 0.2,
-            "min_decode_tps": 1, "report_dir": str(tmp_path / "gate"), "metadata": {"unit_sha256": "new"}}
+    args = {
+        "url": server.url,
+        "warmup_requests": 0,
+        "requests": 2,
+        "max_tokens": 16,
+        "poll_interval_s": 0.2,
+        "min_decode_tps": 1,
+        "report_dir": str(tmp_path / "gate"),
+        "metadata": {"unit_sha256": "new"},
+    }
     first = run_module(args)
     assert first["passed"] is True, first.get("msg")
-    baseline = dict({
-        "unit_sha256": "old", "requests": 2, "concurrency": 1, "max_tokens": 16,
-        "prompts": first["report"]["settings"]["prompts"], "ttft_p95_s": None, "accept_length": None,
-        "decode_tps_mean": first["report"]["aggregate"]["decode_tps_mean"] * 3})
+    baseline = dict(
+        {
+            "unit_sha256": "old",
+            "requests": 2,
+            "concurrency": 1,
+            "max_tokens": 16,
+            "prompts": first["report"]["settings"]["prompts"],
+            "ttft_p95_s": None,
+            "accept_length": None,
+            "decode_tps_mean": first["report"]["aggregate"]["decode_tps_mean"] * 3,
+        }
+    )
     out = run_module(dict(args, baseline=baseline, max_regression_pct=10))
     assert out["failed"] is True
     assert "below the last-known-good's" in out["msg"] and "(max_regression_pct 10)" in out["msg"]

@@ -71,7 +71,7 @@ def test_unit_failing_while_loading_fails_at_once_with_the_whole_traceback(fake_
     assert report["phase"] == "loading"
     reason = report["reasons"][0]
     assert reason.startswith(
-        "unit inference-server.service failed (failed/failed, result exit-code, " "main process exited with status 1)"
+        "unit inference-server.service failed (failed/failed, result exit-code, main process exited with status 1)"
     )
     assert "while the server was loading" in reason
     assert reason.endswith(

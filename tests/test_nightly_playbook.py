@@ -7,6 +7,7 @@ path so the tool the entries point at exists. The cron path is checked in the re
 crontab and by running the installed line; the timer path is verified with
 systemd-analyze, enabled, started and run once. Needs docker (as `make test` does).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,29 +49,53 @@ class ControlNode:
         self.inventory = workdir / "inventory.yml"
         # The repository's group_vars (ansible_managed), as inventory/ links them.
         (workdir / "group_vars").symlink_to(REPO / "group_vars")
-        self.inventory.write_text(json.dumps({"all": {"hosts": {"localhost": {
-            "ansible_connection": "community.docker.docker", "ansible_host": name,
-            "ansible_python_interpreter": "/usr/bin/python3"}}}}))
+        self.inventory.write_text(
+            json.dumps(
+                {
+                    "all": {
+                        "hosts": {
+                            "localhost": {
+                                "ansible_connection": "community.docker.docker",
+                                "ansible_host": name,
+                                "ansible_python_interpreter": "/usr/bin/python3",
+                            }
+                        }
+                    }
+                }
+            )
+        )
 
     def sh(self, command: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a shell command in the container."""
-        proc = subprocess.run(["docker", "exec", self.name, "sh", "-c", command], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            ["docker", "exec", self.name, "sh", "-c", command], capture_output=True, text=True, timeout=120
+        )
         if check:
             assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
         return proc
 
     def play(self, *extra: str, check: bool = False, expect_rc: int = 0) -> dict[str, Any]:
         """Apply playbooks/nightly.yml; the per-task results and the stats of localhost."""
-        argv = [ansible_bin("ansible-playbook"), str(PLAYBOOK), "-i", str(self.inventory),
-                "-e", "nightly_python=/usr/bin/python3", "-e", f"nightly_artifacts_dir={ARTIFACTS}", *extra]
+        argv = [
+            ansible_bin("ansible-playbook"),
+            str(PLAYBOOK),
+            "-i",
+            str(self.inventory),
+            "-e",
+            "nightly_python=/usr/bin/python3",
+            "-e",
+            f"nightly_artifacts_dir={ARTIFACTS}",
+            *extra,
+        ]
         if check:
             argv.append("--check")
+        # fmt: off
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
                    ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_PIPELINING="true")
+        # fmt: on
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
         try:
-            out = json.loads(proc.stdout[proc.stdout.index("{"):])
+            out = json.loads(proc.stdout[proc.stdout.index("{") :])
         except ValueError:
             pytest.fail(f"no JSON from ansible-playbook (rc {proc.returncode:d}):\n{proc.stdout}\n{proc.stderr}")
         assert proc.returncode == expect_rc, json.dumps(out, indent=1)[-4000:]
@@ -89,17 +114,23 @@ def node(tmp_path_factory):
     if not shutil.which("docker"):
         pytest.fail("docker is needed for the nightly playbook tests")
     name = f"nr-nightly-ctl-{uuid.uuid4().hex[:8]}"
+    # fmt: off
     run = subprocess.run(
         ["docker", "run", "-d", "--name", name, "--hostname", "control", "--cap-add", "SYS_ADMIN",
          "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
          "-e", "container=docker", "-v", f"{REPO}:{REPO}:ro", IMAGE, "/lib/systemd/systemd"],
         capture_output=True, text=True, timeout=120)
+    # fmt: on
     assert run.returncode == 0, run.stderr
     try:
         deadline = time.monotonic() + 120
         while True:  # the bus appears a moment after PID 1 starts
-            state = subprocess.run(["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
-                                   capture_output=True, text=True, timeout=120)
+            state = subprocess.run(
+                ["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if state.stdout.strip() in ("running", "degraded") or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -177,8 +208,10 @@ def test_systemd_timer_replaces_cron_and_runs(node):
     assert node.sh("systemctl is-active llm-nightly-deploy.timer").stdout.strip() == "active"
     calendar = node.sh("systemctl show -P TimersCalendar llm-nightly-deploy.timer").stdout
     assert "*-*-* 02:00:00" in calendar
-    node.sh("systemd-analyze verify /etc/systemd/system/llm-nightly-deploy.service "
-            "/etc/systemd/system/llm-nightly-deploy.timer")
+    node.sh(
+        "systemd-analyze verify /etc/systemd/system/llm-nightly-deploy.service "
+        "/etc/systemd/system/llm-nightly-deploy.timer"
+    )
     assert node.play(*common)["stats"]["changed"] == 0
 
     # A run started by the timer's service executes the tool and appends to the log.
@@ -213,19 +246,36 @@ def test_timer_units_render_and_verify_on_this_machine(tmp_path):
     job = f"nr-test-{uuid.uuid4().hex[:8]}"
     units = tmp_path / "units"
     units.mkdir()
-    argv = [ansible_bin("ansible-playbook"), str(PLAYBOOK), "-e", "nightly_scheduler=systemd",
-            "-e", "nightly_systemd_activate=false", "-e", f"nightly_systemd_unit_dir={units}",
-            "-e", f"nightly_python={sys.executable}", "-e", "nightly_artifacts_dir={}".format(tmp_path / "art"),
-            "-e", f"nightly_job_name={job}", "-e", f"ansible_python_interpreter={sys.executable}"]
+    argv = [
+        ansible_bin("ansible-playbook"),
+        str(PLAYBOOK),
+        "-e",
+        "nightly_scheduler=systemd",
+        "-e",
+        "nightly_systemd_activate=false",
+        "-e",
+        f"nightly_systemd_unit_dir={units}",
+        "-e",
+        f"nightly_python={sys.executable}",
+        "-e",
+        "nightly_artifacts_dir={}".format(tmp_path / "art"),
+        "-e",
+        f"nightly_job_name={job}",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    # fmt: off
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
                ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false")
+    # fmt: on
     results = []
     for _ in range(2):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
-        out = json.loads(proc.stdout[proc.stdout.index("{"):])
-        results.append(({t["task"]["name"]: t["hosts"]["localhost"] for t in out["plays"][0]["tasks"]},
-                        out["stats"]["localhost"]))
+        out = json.loads(proc.stdout[proc.stdout.index("{") :])
+        results.append(
+            ({t["task"]["name"]: t["hosts"]["localhost"] for t in out["plays"][0]["tasks"]}, out["stats"]["localhost"])
+        )
     tasks, stats = results[0]
     service = (units / (f"{job}.service")).read_text()
     assert f"ExecStart={sys.executable} {REPO}/tools/nightly-deploy --limit ct129" in service

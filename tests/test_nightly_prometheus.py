@@ -5,6 +5,7 @@ exposition format (HELP/TYPE before the samples of their family, families contig
 valid names, quoted and escaped label values, float values, no duplicate series, a final
 newline), so a malformed file fails the tests the way node_exporter would refuse it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -45,7 +46,7 @@ def _parse_labels(text: str, line: str) -> tuple[tuple[str, str], ...]:
             ch = text[i]
             if ch == "\\":
                 nxt = text[i + 1]
-                assert nxt in ('\\', '"', 'n'), f"bad escape \\{nxt} in {line!r}"
+                assert nxt in ("\\", '"', "n"), f"bad escape \\{nxt} in {line!r}"
                 value.append({"\\": "\\", '"': '"', "n": "\n"}[nxt])
                 i += 2
             elif ch == '"':
@@ -110,8 +111,14 @@ def sample(families, name, **labels) -> float:
     return families[name]["samples"][tuple(sorted(labels.items()))]
 
 
-FLAT = {"decode_tps": 52.1, "ttft_p50_s": 0.31, "ttft_p95_s": 0.41, "accept_length": 2.1, "passed": True,
-        "timestamp": "2026-11-30T02:00:41Z"}
+FLAT = {
+    "decode_tps": 52.1,
+    "ttft_p50_s": 0.31,
+    "ttft_p95_s": 0.41,
+    "accept_length": 2.1,
+    "passed": True,
+    "timestamp": "2026-11-30T02:00:41Z",
+}
 
 
 def test_flat_report_round_trips():
@@ -142,8 +149,7 @@ def test_recorded_gate_report_is_mapped():
 
 
 def test_missing_figures_leave_their_family_out():
-    report = {"passed": False, "timestamp": 1764468041, "decode_tps": None, "accept_length": None,
-              "ttft_p50_s": 1.5}
+    report = {"passed": False, "timestamp": 1764468041, "decode_tps": None, "accept_length": None, "ttft_p50_s": 1.5}
     fam = parse_exposition(pt.prometheus_textfile(report))
     assert set(fam) == {"llm_gate_ttft_seconds", "llm_gate_passed", "llm_gate_last_run_timestamp_seconds"}
     assert fam["llm_gate_ttft_seconds"]["samples"] == {(("quantile", "0.5"),): 1.5}
@@ -157,32 +163,38 @@ def test_label_values_are_escaped():
     assert sample(fam, "llm_gate_passed", model=odd) == 1
 
 
-@pytest.mark.parametrize("report, labels, message", [
-    ({"decode_tps": 5}, None, "has no 'passed'"),
-    ({"passed": "maybe"}, None, "passed must be a boolean"),
-    ({"passed": True, "decode_tps": "fast"}, None, "decode_tps must be a number"),
-    ({"passed": True, "decode_tps": True}, None, "decode_tps must be a number"),
-    ({"passed": True, "ttft_p95_s": float("inf")}, None, "must be finite"),
-    ({"passed": True, "timestamp": "last tuesday"}, None, "timestamp must be ISO 8601"),
-    ({"passed": True}, {"quantile": "x"}, "not a usable label name"),
-    ({"passed": True}, {"__name__": "x"}, "not a usable label name"),
-    ({"passed": True}, {"bad-name": "x"}, "not a usable label name"),
-    ({"passed": True}, {"host": None}, "has no value"),
-    ({"passed": True}, ["host"], "labels must be a mapping"),
-    ("not a report", None, "expects a mapping"),
-])
+@pytest.mark.parametrize(
+    "report, labels, message",
+    [
+        ({"decode_tps": 5}, None, "has no 'passed'"),
+        ({"passed": "maybe"}, None, "passed must be a boolean"),
+        ({"passed": True, "decode_tps": "fast"}, None, "decode_tps must be a number"),
+        ({"passed": True, "decode_tps": True}, None, "decode_tps must be a number"),
+        ({"passed": True, "ttft_p95_s": float("inf")}, None, "must be finite"),
+        ({"passed": True, "timestamp": "last tuesday"}, None, "timestamp must be ISO 8601"),
+        ({"passed": True}, {"quantile": "x"}, "not a usable label name"),
+        ({"passed": True}, {"__name__": "x"}, "not a usable label name"),
+        ({"passed": True}, {"bad-name": "x"}, "not a usable label name"),
+        ({"passed": True}, {"host": None}, "has no value"),
+        ({"passed": True}, ["host"], "labels must be a mapping"),
+        ("not a report", None, "expects a mapping"),
+    ],
+)
 def test_bad_input_is_refused(report, labels, message):
     with pytest.raises(pt.AnsibleFilterError, match=re.escape(message)):
         pt.prometheus_textfile(report, labels)
 
 
 def test_values_and_timestamps_are_exact():
-    fam = parse_exposition(pt.prometheus_textfile({"passed": "false", "decode_tps": "48.25",
-                                                   "timestamp": "2026-11-30T03:00:41+01:00"}))
+    fam = parse_exposition(
+        pt.prometheus_textfile({"passed": "false", "decode_tps": "48.25", "timestamp": "2026-11-30T03:00:41+01:00"})
+    )
     assert sample(fam, "llm_gate_passed") == 0
     assert sample(fam, "llm_gate_decode_tokens_per_second") == 48.25
-    assert sample(fam, "llm_gate_last_run_timestamp_seconds") == dt.datetime(
-        2026, 11, 30, 2, 0, 41, tzinfo=dt.timezone.utc).timestamp()
+    assert (
+        sample(fam, "llm_gate_last_run_timestamp_seconds")
+        == dt.datetime(2026, 11, 30, 2, 0, 41, tzinfo=dt.timezone.utc).timestamp()
+    )
     assert pt.gate_metrics({"passed": True, "decode_tps": float("nan")})["decode_tps"] is None
 
 
@@ -190,11 +202,11 @@ def test_parser_rejects_malformed_text():
     """The checker itself catches what node_exporter would refuse."""
     good = pt.prometheus_textfile(FLAT)
     bad_texts = [
-        good.rstrip("\n"),                                            # no final newline
-        good.replace("# TYPE llm_gate_passed gauge\n", ""),           # a family without TYPE
-        good + "llm_gate_passed 1\n",                                 # a series twice / split family
-        good.replace('quantile="0.5"', "quantile=0.5"),               # unquoted label value
-        good.replace("llm_gate_passed 1", "llm_gate_passed one"),     # not a number
+        good.rstrip("\n"),  # no final newline
+        good.replace("# TYPE llm_gate_passed gauge\n", ""),  # a family without TYPE
+        good + "llm_gate_passed 1\n",  # a series twice / split family
+        good.replace('quantile="0.5"', "quantile=0.5"),  # unquoted label value
+        good.replace("llm_gate_passed 1", "llm_gate_passed one"),  # not a number
     ]
     for text in bad_texts:
         with pytest.raises((AssertionError, ValueError)):
@@ -207,16 +219,35 @@ def test_filter_writes_the_textfile_through_ansible(tmp_path):
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps({"fixture_gate_report": report, "fixture_textfile_dir": str(tmp_path)}))
     playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or "ansible-playbook"
-    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_CONFIG=str(FIXTURE / "ansible.cfg"))
+    env = dict(
+        os.environ,
+        ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_CONFIG=str(FIXTURE / "ansible.cfg"),
+    )
     for _ in range(2):
-        proc = subprocess.run([playbook, str(FIXTURE / "prometheus.yml"), "-i", "localhost,", "-e", f"@{vars_file}",
-                               "-e", f"ansible_python_interpreter={sys.executable}"],
-                              capture_output=True, text=True, timeout=180, env=env)
+        proc = subprocess.run(
+            [
+                playbook,
+                str(FIXTURE / "prometheus.yml"),
+                "-i",
+                "localhost,",
+                "-e",
+                f"@{vars_file}",
+                "-e",
+                f"ansible_python_interpreter={sys.executable}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert re.search(r"localhost\s+: ok=1\s+changed=0", proc.stdout), proc.stdout
     path = tmp_path / "llm_gate.prom"
     assert oct(path.stat().st_mode & 0o777) == "0o644"
     fam = parse_exposition(path.read_text())
-    assert sample(fam, "llm_gate_decode_tokens_per_second", host="localhost", engine="sglang") == \
-        report["aggregate"]["decode_tps_mean"]
+    assert (
+        sample(fam, "llm_gate_decode_tokens_per_second", host="localhost", engine="sglang")
+        == report["aggregate"]["decode_tps_mean"]
+    )

@@ -5,6 +5,7 @@
 to a client without a token that has been granted access), so huggingface_hub raises
 GatedRepoError. The real Hub cannot be reached from the machines this project is tested on.
 """
+
 from __future__ import annotations
 
 import json

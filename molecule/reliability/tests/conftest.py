@@ -11,6 +11,7 @@ Each test records a row with :func:`record`; at the end of the session the rows 
 to ``$RELIABILITY_RESULTS`` (default ``<repo>/artifacts/reliability/results.json``), which
 ``tools/reliability-report`` renders as docs/reliability.md.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -41,14 +42,20 @@ CACHE = Path(os.environ.get("DEPLOY_CACHE_DIR") or REPO / ".cache")
 RESULTS = Path(os.environ.get("RELIABILITY_RESULTS") or REPO / "artifacts" / "reliability" / "results.json")
 # Small gate settings for the many deploys of the scenario (the thresholds stay those of the
 # rehearsal profile); a failing case never reaches the gate.
-FAST_GATE = {"health_gate_warmup_requests": 1, "health_gate_requests": 2, "health_gate_max_tokens": 32,
-             "health_gate_request_timeout_s": 20, "health_gate_health_timeout_s": 5,
-             "health_gate_ready_timeout_s": 120}
+FAST_GATE = {
+    "health_gate_warmup_requests": 1,
+    "health_gate_requests": 2,
+    "health_gate_max_tokens": 32,
+    "health_gate_request_timeout_s": 20,
+    "health_gate_health_timeout_s": 5,
+    "health_gate_ready_timeout_s": 120,
+}
 # Known fake secrets: set 0 is vaulted in the inventory from the start (the first changing
 # deploy renders it); set 1 is rotated in by the deploy that crashes, and rolled back. Every
 # output and file is searched for both.
-SECRETS = [{"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"}
-           for i in range(2)]
+SECRETS = [
+    {"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"} for i in range(2)
+]
 ROWS: list[dict[str, Any]] = []
 STARTED = time.time()
 
@@ -60,8 +67,9 @@ STARTED = time.time()
 
 def dexec(*argv: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> str:
     """Run a command in the container; its stdout."""
-    proc = subprocess.run(["docker", "exec", "-i", HOST, *argv], capture_output=True, text=True,
-                          timeout=timeout, input=stdin)
+    proc = subprocess.run(
+        ["docker", "exec", "-i", HOST, *argv], capture_output=True, text=True, timeout=timeout, input=stdin
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"docker exec {' '.join(argv)} failed ({proc.returncode}): {proc.stderr}{proc.stdout}")
     return proc.stdout
@@ -74,7 +82,7 @@ def sh(script: str, check: bool = True, timeout: float = 120) -> str:
 
 def put(path: str, content: str, mode: str = "0644") -> None:
     """Write a file in the container."""
-    dexec("sh", "-c", f"mkdir -p \"$(dirname {path})\" && cat > {path} && chmod {mode} {path}", stdin=content)
+    dexec("sh", "-c", f'mkdir -p "$(dirname {path})" && cat > {path} && chmod {mode} {path}', stdin=content)
 
 
 def unit_props(*names: str) -> dict[str, str]:
@@ -86,9 +94,12 @@ def unit_props(*names: str) -> dict[str, str]:
 def server_state() -> dict[str, Any]:
     """What 'the host still serves, untouched' means here: the same process, unit, venv and model."""
     props = unit_props("MainPID", "ExecMainStartTimestamp", "ActiveState", "NRestarts")
-    files = sh(f"sha256sum /etc/systemd/system/{UNIT}.service /etc/{UNIT}/secrets.env | cut -c1-16; "
-               "readlink /opt/ml-env; readlink /srv/models/tiny-qwen3.5/current; "
-               "test -e /run/lock/llm-deploy.lock && echo LOCK-HELD || echo no-lock", check=False).split()
+    files = sh(
+        f"sha256sum /etc/systemd/system/{UNIT}.service /etc/{UNIT}/secrets.env | cut -c1-16; "
+        "readlink /opt/ml-env; readlink /srv/models/tiny-qwen3.5/current; "
+        "test -e /run/lock/llm-deploy.lock && echo LOCK-HELD || echo no-lock",
+        check=False,
+    ).split()
     return {**props, "files": files}
 
 
@@ -104,9 +115,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
 
 def healthy() -> bool:
     """/health of the server answers 200 (asked from inside the container)."""
-    out = dexec("python3", "-c", "import urllib.request,sys\ntry:\n print(urllib.request.urlopen("
-                f"'http://127.0.0.1:{PORT}/health', timeout=3).status)\nexcept Exception as e:\n print(e)",
-                check=False, timeout=30)
+    out = dexec(
+        "python3",
+        "-c",
+        "import urllib.request,sys\ntry:\n print(urllib.request.urlopen("
+        f"'http://127.0.0.1:{PORT}/health', timeout=3).status)\nexcept Exception as e:\n print(e)",
+        check=False,
+        timeout=30,
+    )
     return out.strip() == "200"
 
 
@@ -159,8 +175,12 @@ class Run:
 
     def changed_tasks(self) -> list[str]:
         """Names of the tasks that reported a change."""
-        return [e["task"]["name"] for e in self.events if e.get("_event") == "v2_runner_on_ok"
-                and any(isinstance(r, dict) and r.get("changed") for r in (e.get("hosts") or {}).values())]
+        return [
+            e["task"]["name"]
+            for e in self.events
+            if e.get("_event") == "v2_runner_on_ok"
+            and any(isinstance(r, dict) and r.get("changed") for r in (e.get("hosts") or {}).values())
+        ]
 
     def warnings(self) -> list[str]:
         """Warnings returned by modules."""
@@ -184,10 +204,19 @@ class Deployer:
         self.inventory = workdir / "inventory" / "hosts.yml"
         self.inventory.parent.mkdir(parents=True, exist_ok=True)
         docker = {"ansible_connection": "community.docker.docker", "ansible_host": HOST}
-        self.inventory.write_text(yaml.safe_dump({"all": {
-            "hosts": {"rel-noprofile": docker},
-            "children": {"rehearsal": {"hosts": {"rel-molecule": docker}},
-                         "sglang_servers": {"hosts": {"rel-gpu": docker}}}}}))
+        self.inventory.write_text(
+            yaml.safe_dump(
+                {
+                    "all": {
+                        "hosts": {"rel-noprofile": docker},
+                        "children": {
+                            "rehearsal": {"hosts": {"rel-molecule": docker}},
+                            "sglang_servers": {"hosts": {"rel-gpu": docker}},
+                        },
+                    }
+                }
+            )
+        )
         self.count = 0
         # Every run's output, for the secrets test: (label, text).
         self.outputs: list[Any] = []
@@ -196,17 +225,32 @@ class Deployer:
         self.vault_password.write_text("reliability-scenario-vault-password\n")
         self.vault_password.chmod(0o600)
         self.set_secrets(SECRETS[0])
+
     def env(self, callback: str = "ansible.posix.jsonl") -> dict[str, str]:
         """The environment of a run: the repository's ansible.cfg, nothing of molecule's."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-        env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                    "ANSIBLE_STDOUT_CALLBACK": callback, "ANSIBLE_DEPRECATION_WARNINGS": "False",
-                    "PYTHONUNBUFFERED": "1", "PATH": f"{BIN}:{env.get('PATH', '')}",
-                    "DEPLOY_CACHE_DIR": str(CACHE)})
+        env.update(
+            {
+                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_STDOUT_CALLBACK": callback,
+                "ANSIBLE_DEPRECATION_WARNINGS": "False",
+                "PYTHONUNBUFFERED": "1",
+                "PATH": f"{BIN}:{env.get('PATH', '')}",
+                "DEPLOY_CACHE_DIR": str(CACHE),
+            }
+        )
         return env
 
-    def command(self, limit: str, extra: dict[str, Any] | None, args: list[str], playbook: str,
-                fast_gate: bool, verbose: bool = False) -> list[str]:
+    def command(
+        self,
+        limit: str,
+        extra: dict[str, Any] | None,
+        args: list[str],
+        playbook: str,
+        fast_gate: bool,
+        verbose: bool = False,
+    ) -> list[str]:
         """The ansible-playbook command line; extra variables go in a file of this session.
 
         ``verbose`` adds ``-vvvv --diff``: the output is then part of what the secrets test greps.
@@ -215,24 +259,54 @@ class Deployer:
         variables = dict(FAST_GATE if fast_gate else {}, **(extra or {}))
         varfile = self.workdir / f"vars-{self.count}.json"
         varfile.write_text(json.dumps(variables))
-        return [str(BIN / "ansible-playbook"), "-i", str(self.inventory), str(REPO / playbook), "-l", limit,
-                "-e", f"@{varfile}", "--vault-password-file", str(self.vault_password),
-                *(["-vvvv", "--diff"] if verbose else []), *args]
+        return [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(self.inventory),
+            str(REPO / playbook),
+            "-l",
+            limit,
+            "-e",
+            f"@{varfile}",
+            "--vault-password-file",
+            str(self.vault_password),
+            *(["-vvvv", "--diff"] if verbose else []),
+            *args,
+        ]
 
-    def run(self, extra: dict[str, Any] | None = None, limit: str = "rel-molecule", args: list[str] | None = None,
-            playbook: str = "deploy.yml", watch: Callable[[dict[str, Any], RunHandle], None] | None = None,
-            timeout: float = 600, fast_gate: bool = True, callback: str = "ansible.posix.jsonl",
-            verbose: bool = False) -> Run:
+    def run(
+        self,
+        extra: dict[str, Any] | None = None,
+        limit: str = "rel-molecule",
+        args: list[str] | None = None,
+        playbook: str = "deploy.yml",
+        watch: Callable[[dict[str, Any], RunHandle], None] | None = None,
+        timeout: float = 600,
+        fast_gate: bool = True,
+        callback: str = "ansible.posix.jsonl",
+        verbose: bool = False,
+    ) -> Run:
         """Run to the end; ``watch(event, handle)`` sees each event as it comes (it may kill the run)."""
-        handle = RunHandle(self.command(limit, extra, list(args or []), playbook, fast_gate, verbose),
-                           self.env(callback))
+        handle = RunHandle(
+            self.command(limit, extra, list(args or []), playbook, fast_gate, verbose), self.env(callback)
+        )
         run = handle.wait(watch, timeout)
-        self.outputs.append((("-vvvv --diff " if verbose else "") + " ".join(args or []) + f" run {self.count}",
-                             run.stdout + run.stderr))
+        self.outputs.append(
+            (
+                ("-vvvv --diff " if verbose else "") + " ".join(args or []) + f" run {self.count}",
+                run.stdout + run.stderr,
+            )
+        )
         return run
 
-    def start(self, extra: dict[str, Any] | None = None, limit: str = "rel-molecule",
-              args: list[str] | None = None, fast_gate: bool = True, verbose: bool = False) -> RunHandle:
+    def start(
+        self,
+        extra: dict[str, Any] | None = None,
+        limit: str = "rel-molecule",
+        args: list[str] | None = None,
+        fast_gate: bool = True,
+        verbose: bool = False,
+    ) -> RunHandle:
         """Start a run in the background (its output is kept for the secrets test when it ends)."""
         handle = RunHandle(self.command(limit, extra, list(args or []), "deploy.yml", fast_gate, verbose), self.env())
         handle.background()
@@ -240,21 +314,34 @@ class Deployer:
         handle.on_end = lambda run: self.outputs.append((label, run.stdout + run.stderr))
         return handle
 
-
     def set_secrets(self, values: dict[str, str]) -> None:
         """Vault ``values`` (hf_token, api_key) into host_vars/rel-molecule of this session's inventory."""
         host_vars = self.inventory.parent / "host_vars" / "rel-molecule"
         host_vars.mkdir(parents=True, exist_ok=True)
-        (host_vars / "settings.yml").write_text(yaml.safe_dump({
-            # transformers serve cannot enforce a key; the scenario rehearses the key's path.
-            "inference_server_allow_unenforced_api_key": True}))
+        (host_vars / "settings.yml").write_text(
+            yaml.safe_dump(
+                {
+                    # transformers serve cannot enforce a key; the scenario rehearses the key's path.
+                    "inference_server_allow_unenforced_api_key": True
+                }
+            )
+        )
         vault = host_vars / "secrets.yml"
-        vault.write_text(yaml.safe_dump({
-            "model_sync_hf_token": values["hf_token"],
-            "inference_server_api_key": values["api_key"],
-            "inference_server_secrets": {"HF_TOKEN": values["hf_token"]}}))
-        subprocess.run([str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(self.vault_password),
-                        str(vault)], check=True, capture_output=True, env=self.env())
+        vault.write_text(
+            yaml.safe_dump(
+                {
+                    "model_sync_hf_token": values["hf_token"],
+                    "inference_server_api_key": values["api_key"],
+                    "inference_server_secrets": {"HF_TOKEN": values["hf_token"]},
+                }
+            )
+        )
+        subprocess.run(
+            [str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(self.vault_password), str(vault)],
+            check=True,
+            capture_output=True,
+            env=self.env(),
+        )
         assert values["api_key"].encode() not in vault.read_bytes()
 
 
@@ -263,8 +350,15 @@ class RunHandle:
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=str(REPO), start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
         self.events: list[dict[str, Any]] = []
         self.lines: list[str] = []
         self.killed = False
@@ -319,8 +413,15 @@ class RunHandle:
         finally:
             timer.cancel()
         time.sleep(0.1)
-        run = Run(rc=rc, events=self.events, stdout="".join(self.lines), stderr="".join(self._stderr),
-                  duration_s=round(time.monotonic() - self.started, 1), killed=self.killed, marks=self.marks)
+        run = Run(
+            rc=rc,
+            events=self.events,
+            stdout="".join(self.lines),
+            stderr="".join(self._stderr),
+            duration_s=round(time.monotonic() - self.started, 1),
+            killed=self.killed,
+            marks=self.marks,
+        )
         if self.on_end is not None:
             self.on_end(run)
         return run
@@ -347,7 +448,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def deployer(workdir: Path) -> Deployer:
     """Runs deploy.yml against the container."""
-    for tool in ("docker", ):
+    for tool in ("docker",):
         assert shutil.which(tool), f"{tool} is needed to run the reliability cases"
     assert (BIN / "ansible-playbook").exists(), f"no ansible-playbook beside {sys.executable}"
     return Deployer(workdir)
@@ -384,21 +485,32 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         load = os.getloadavg()
     except OSError:
         load = (0.0, 0.0, 0.0)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
-                                text=True).stdout.strip())
-    RESULTS.write_text(json.dumps({
-        "schema": 1,
-        "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit + ("+dirty" if dirty else ""),
-        "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in load],
-                    "python": platform.python_version()},
-        "image": os.environ.get("MLENV_IMAGE", ""),
-        "duration_s": round(time.time() - STARTED, 1),
-        "pytest_exit_status": int(exitstatus),
-        "rows": ROWS,
-    }, indent=2) + "\n")
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    )
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "commit": commit + ("+dirty" if dirty else ""),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "load_avg": [round(x, 2) for x in load],
+                    "python": platform.python_version(),
+                },
+                "image": os.environ.get("MLENV_IMAGE", ""),
+                "duration_s": round(time.time() - STARTED, 1),
+                "pytest_exit_status": int(exitstatus),
+                "rows": ROWS,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def same_server(before: dict[str, Any], after: dict[str, Any]) -> bool:

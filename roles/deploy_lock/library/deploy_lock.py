@@ -145,8 +145,15 @@ def write_lock(path: str, record: dict[str, Any]) -> None:
         raise
 
 
-def acquire(path: str, owner: dict[str, Any], stale_after_s: int, takeover_run_id: str | None,
-            takeover_reason: str | None, check: bool, now: float | None = None) -> dict[str, Any]:
+def acquire(
+    path: str,
+    owner: dict[str, Any],
+    stale_after_s: int,
+    takeover_run_id: str | None,
+    takeover_reason: str | None,
+    check: bool,
+    now: float | None = None,
+) -> dict[str, Any]:
     """Take the lock if it is free, ours, stale, or held by a run the controller found gone."""
     now = time.time() if now is None else now
     record = dict(owner)
@@ -161,8 +168,10 @@ def acquire(path: str, owner: dict[str, Any], stale_after_s: int, takeover_run_i
             if takeover_run_id and held.get("run_id") == takeover_run_id:
                 took_over = dict(holder, reason=takeover_reason or "its run is gone")
             elif stale_after_s > 0 and age > stale_after_s:
-                took_over = dict(holder, reason=f"it is {int(age):d} s old, more than deploy_lock_stale_after_s {int(stale_after_s):d}"
-                                 )
+                took_over = dict(
+                    holder,
+                    reason=f"it is {int(age):d} s old, more than deploy_lock_stale_after_s {int(stale_after_s):d}",
+                )
             else:
                 return {"acquired": False, "holder": holder}
         elif held is not None:
@@ -213,15 +222,29 @@ def main() -> None:
             if other is not None:
                 result["holder"] = other
             module.exit_json(**result)
-        result = acquire(params["path"], params["owner"], params["stale_after_s"], params["takeover_run_id"],
-                         params["takeover_reason"], module.check_mode)
+        result = acquire(
+            params["path"],
+            params["owner"],
+            params["stale_after_s"],
+            params["takeover_run_id"],
+            params["takeover_reason"],
+            module.check_mode,
+        )
     except OSError as exc:
         module.fail_json(msg="deploy_lock: cannot use the lock {}: {}".format(params["path"], exc))
         return
     if "took_over" in result:
         old = result["took_over"]
-        module.warn("Took over the deploy lock {} from run {} (controller {}, pid {}, taken {}): {}.".format(params["path"], old.get("run_id"), old.get("controller"), old.get("pid"),
-                       old.get("acquired_at_utc", "at an unknown time"), old.get("reason")))
+        module.warn(
+            "Took over the deploy lock {} from run {} (controller {}, pid {}, taken {}): {}.".format(
+                params["path"],
+                old.get("run_id"),
+                old.get("controller"),
+                old.get("pid"),
+                old.get("acquired_at_utc", "at an unknown time"),
+                old.get("reason"),
+            )
+        )
     module.exit_json(changed=False, **result)
 
 

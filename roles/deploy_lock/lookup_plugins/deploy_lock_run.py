@@ -106,8 +106,14 @@ def identity() -> dict[str, Any]:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    return {"controller": controller, "controller_boot_id": boot, "pid": pid, "pid_start": started,
-            "user": user, "run_id": f"{controller}:{boot[:8]}:{pid:d}:{started:d}"}
+    return {
+        "controller": controller,
+        "controller_boot_id": boot,
+        "pid": pid,
+        "pid_start": started,
+        "user": user,
+        "run_id": f"{controller}:{boot[:8]}:{pid:d}:{started:d}",
+    }
 
 
 def alive(holder: Mapping[str, Any]) -> bool:

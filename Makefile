@@ -91,10 +91,12 @@ sim-up: setup ## start the local sim host (systemd container "sim")
 sim-down: ## remove the local sim host
 	ansible-playbook playbooks/sim-host.yml -e sim_host_state=absent
 
-lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argument_specs check
+lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argument_specs check, ruff (lint and format)
 	yamllint -s .
 	ansible-lint
 	$(VENV)/bin/python tools/check-argument-specs
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 pytest: setup tools-venv gateway-venv model ## unit and integration tests (tests/)
 	$(VENV)/bin/pytest -q --durations=10 tests

@@ -5,9 +5,11 @@
 
 Standard library only.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 
 def bakeoff_figures(report: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -54,10 +56,12 @@ def bakeoff_markdown(table: Mapping[str, Any]) -> str:
         tps = one.get("decode_tps_mean")
         versus = "-" if row.get("incumbent") or not base or tps is None else f"{100 * (tps - base) / base:+.1f} %"
         name = f"{row['name']} (incumbent)" if row.get("incumbent") else row["name"]
-        lines.append(f"| {name} | {'yes' if row.get('passed') else 'no'} | {_num(tps, 1)} | "
-                     f"{_num(one.get('ttft_p95_s'), 3)} | {_num(one.get('accept_length'), 2)} | "
-                     f"{_num(many.get('decode_tps_mean'), 1)} | {_num(many.get('total_tps'), 1)} | "
-                     f"{_num(many.get('ttft_p95_s'), 3)} | {versus} |")
+        lines.append(
+            f"| {name} | {'yes' if row.get('passed') else 'no'} | {_num(tps, 1)} | "
+            f"{_num(one.get('ttft_p95_s'), 3)} | {_num(one.get('accept_length'), 2)} | "
+            f"{_num(many.get('decode_tps_mean'), 1)} | {_num(many.get('total_tps'), 1)} | "
+            f"{_num(many.get('ttft_p95_s'), 3)} | {versus} |"
+        )
     failed = [row for row in rows if row.get("failure")]
     if failed:
         lines += ["", "Failures:", ""] + [f"- {row['name']}: {row['failure']}" for row in failed]

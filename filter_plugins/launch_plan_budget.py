@@ -17,6 +17,7 @@ Pure functions and frozen dataclasses, standard library only. ``PlanError`` live
 that both this module and launch_plan.py (which imports it by path) raise the same class.
 The Ansible filter ``memory_budget`` returns :meth:`Budget.as_dict`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -120,16 +121,25 @@ def geometry(config: Mapping[str, Any]) -> Geometry:
     dtype = str(text.get("dtype") or text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
     vision = config.get("vision_config")
     return Geometry(
-        hidden=num("hidden_size"), intermediate=num("intermediate_size"), vocab=num("vocab_size"),
+        hidden=num("hidden_size"),
+        intermediate=num("intermediate_size"),
+        vocab=num("vocab_size"),
         tied_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-        weight_bytes=DTYPE_BYTES.get(dtype, 2), heads=heads, kv_heads=num("num_key_value_heads") or heads,
-        head_dim=head_dim, attn_output_gate=bool(text.get("attn_output_gate", False)),
-        full_layers=(len(layer_types) - linear) if layer_types else layers, linear_layers=linear,
-        linear_key_heads=num("linear_num_key_heads"), linear_value_heads=num("linear_num_value_heads"),
-        linear_key_dim=num("linear_key_head_dim"), linear_value_dim=num("linear_value_head_dim"),
+        weight_bytes=DTYPE_BYTES.get(dtype, 2),
+        heads=heads,
+        kv_heads=num("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        attn_output_gate=bool(text.get("attn_output_gate", False)),
+        full_layers=(len(layer_types) - linear) if layer_types else layers,
+        linear_layers=linear,
+        linear_key_heads=num("linear_num_key_heads"),
+        linear_value_heads=num("linear_num_value_heads"),
+        linear_key_dim=num("linear_key_head_dim"),
+        linear_value_dim=num("linear_value_head_dim"),
         conv_kernel=num("linear_conv_kernel_dim", 4),
         ssm_bytes=DTYPE_BYTES.get(str(text.get("mamba_ssm_dtype") or "float32"), 4),
-        mtp_layers=mtp, max_positions=num("max_position_embeddings"),
+        mtp_layers=mtp,
+        max_positions=num("max_position_embeddings"),
         rotary_dim=int(head_dim * float(partial or 1.0)),
         vision=vision if isinstance(vision, Mapping) and not config.get("language_model_only") else None,
     )
@@ -200,8 +210,14 @@ def memory_tier(gpu_mib: float, tp: int) -> tuple[int, int]:
 
 def piecewise_graph_count(max_tokens: int) -> int:
     """server_args.py ``_generate_piecewise_cuda_graph_tokens``: how many token counts are captured."""
-    sizes = (list(range(4, 33, 4)) + list(range(48, 257, 16)) + list(range(288, 513, 32))
-             + list(range(576, 1025, 64)) + list(range(1280, 4097, 256)) + list(range(4608, max_tokens + 1, 512)))
+    sizes = (
+        list(range(4, 33, 4))
+        + list(range(48, 257, 16))
+        + list(range(288, 513, 32))
+        + list(range(576, 1025, 64))
+        + list(range(1280, 4097, 256))
+        + list(range(4608, max_tokens + 1, 512))
+    )
     return sum(1 for s in sizes if s <= max_tokens)
 
 
@@ -227,8 +243,9 @@ def vlm_factor(vision: Mapping[str, Any] | None) -> float:
     return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
 
 
-def default_mem_fraction(gpu_mib: float, tp: int, geo: Geometry, speculative: str | None,
-                         chunked: int, graph_bs: int, piecewise: bool) -> float:
+def default_mem_fraction(
+    gpu_mib: float, tp: int, geo: Geometry, speculative: str | None, chunked: int, graph_bs: int, piecewise: bool
+) -> float:
     """server_args.py ``_handle_gpu_memory_settings``: the --mem-fraction-static SGLang chooses
     when it is unset: (GPU - reserved) / GPU, rounded to 3 places, with reserved at least 10 GiB on
     GPUs over 60 GiB, + 4 GiB for an EAGLE-family draft (6 GiB STANDALONE), then scaled for a
@@ -332,11 +349,16 @@ class Budget:
 
     def as_dict(self) -> dict[str, Any]:
         """Every field (GiB rounded to 0.01) and the derived terms, for plan["budget"] and JSON."""
-        out = {k: (round(v, 3) if k.endswith("fraction_static") else round(v, 2)) if isinstance(v, float) else v
-               for k, v in dataclasses.asdict(self).items()}
-        out.update(mamba_per_request_gib=round(self.mamba_per_request_gib, 4),
-                   outside_need_gib=round(self.outside_need_gib, 2), starts=self.starts,
-                   outside_fits=self.outside_fits)
+        out = {
+            k: (round(v, 3) if k.endswith("fraction_static") else round(v, 2)) if isinstance(v, float) else v
+            for k, v in dataclasses.asdict(self).items()
+        }
+        out.update(
+            mamba_per_request_gib=round(self.mamba_per_request_gib, 4),
+            outside_need_gib=round(self.outside_need_gib, 2),
+            starts=self.starts,
+            outside_fits=self.outside_fits,
+        )
         return out
 
 
@@ -406,6 +428,7 @@ def compute_budget(geo: Geometry, launch: Launch) -> Budget:
     draft_kv = max(tokens, 0) * kv_bytes_per_token(geo, tp, launch.kv_bytes, geo.mtp_layers) / GIB if nextn else 0.0
     activations = activation_reserve_mib(gpu_mib, tp, chunked, graph_bs, piecewise) / 1024
     free = available - weights - mamba_allocated - allocated_verify - kv_gib
+    # fmt: off
     return Budget(
         gpu_gib=gpu_mib / 1024, tp=tp, chunked_prefill_size=chunked, cuda_graph_max_bs=graph_bs,
         default_mem_fraction_static=default, mem_fraction_static=fraction, available_gib=available,
@@ -416,6 +439,7 @@ def compute_budget(geo: Geometry, launch: Launch) -> Budget:
         longest_request=max(min(context, tokens) - 1, 0), verify_allocated_gib=allocated_verify,
         draft_weights_load_gib=draft_load, draft_weights_gib=draft_steady, draft_kv_gib=draft_kv,
         activations_gib=activations, free_after_pools_gib=free, draft_modelled=nextn or algo in (None, "NGRAM"))
+    # fmt: on
 
 
 def rotary_cache_bytes(geo: Geometry) -> int:
@@ -439,8 +463,12 @@ def slots_per_request(launch: Launch) -> int:
 
 def acceptable(budget: Budget, running: int | None, min_context: int) -> bool:
     """The launch starts, runs ``running`` requests (when given) and leaves ``min_context`` tokens."""
-    return (budget.starts and budget.outside_fits and budget.longest_request + 1 >= min_context
-            and (running is None or budget.max_running >= running))
+    return (
+        budget.starts
+        and budget.outside_fits
+        and budget.longest_request + 1 >= min_context
+        and (running is None or budget.max_running >= running)
+    )
 
 
 def largest_running(geo: Geometry, launch: Launch, min_context: int, cap: int = SPECULATIVE_MAX_RUNNING) -> int:
@@ -454,9 +482,13 @@ def largest_running(geo: Geometry, launch: Launch, min_context: int, cap: int = 
 
 def fraction_bounds(geo: Geometry, launch: Launch, running: int | None, min_context: int) -> tuple[float, float] | None:
     """The lowest and highest --mem-fraction-static (0.001 steps) with which ``launch`` is acceptable."""
-    good = [f / 1000 for f in range(300, 991)
-            if acceptable(compute_budget(geo, dataclasses.replace(launch, mem_fraction_static=f / 1000)),
-                          running, min_context)]
+    good = [
+        f / 1000
+        for f in range(300, 991)
+        if acceptable(
+            compute_budget(geo, dataclasses.replace(launch, mem_fraction_static=f / 1000)), running, min_context
+        )
+    ]
     return (good[0], good[-1]) if good else None
 
 
@@ -482,8 +514,14 @@ def gib(value: float) -> str:
     return f"{value:.1f} GiB"
 
 
-def gpu_rules(flags: Flags, counts: Mapping[str, int], gpus: Sequence[Mapping[str, Any]] | None,
-              weights_bytes: int | None, headroom_gib: float, notes: list[str]) -> tuple[int, int] | None:
+def gpu_rules(
+    flags: Flags,
+    counts: Mapping[str, int],
+    gpus: Sequence[Mapping[str, Any]] | None,
+    weights_bytes: int | None,
+    headroom_gib: float,
+    notes: list[str],
+) -> tuple[int, int] | None:
     """Tensor parallelism must divide the model's head ``counts`` ({what: count}), fit the GPUs
     found and their memory (:func:`check_weights_fit`); returns the tensor-parallel size and the
     smallest GPU's MiB for the budget (None when the weights' size is unknown)."""
@@ -495,29 +533,37 @@ def gpu_rules(flags: Flags, counts: Mapping[str, int], gpus: Sequence[Mapping[st
     elif tp < 1:
         raise PlanError(f"{tp_source} is {tp}: set it to 1 or more.")
     if gpus is None:
-        raise PlanError("preflight_gpus is undefined: run the preflight role first "
-                        "(or give offline_plan.gpus in host_vars for an offline plan).")
+        raise PlanError(
+            "preflight_gpus is undefined: run the preflight role first "
+            "(or give offline_plan.gpus in host_vars for an offline plan)."
+        )
     if not gpus:
-        raise PlanError("preflight_gpus is empty (no NVIDIA GPU found on the host), but the sglang engine "
-                        "needs GPUs: fix the driver or put the host in the rehearsal group.")
+        raise PlanError(
+            "preflight_gpus is empty (no NVIDIA GPU found on the host), but the sglang engine "
+            "needs GPUs: fix the driver or put the host in the rehearsal group."
+        )
     choices = [n for n in range(1, len(gpus) + 1) if all(count % n == 0 for count in counts.values())]
     if tp > len(gpus):
-        raise PlanError(f"{tp_source} is {tp}, but the host has {len(gpus)} GPU(s): "
-                        f"set it to {_or_list(choices)}.")
+        raise PlanError(f"{tp_source} is {tp}, but the host has {len(gpus)} GPU(s): set it to {_or_list(choices)}.")
     for what, count in counts.items():
         if count % tp:
-            raise PlanError(f"{tp_source} is {tp}, which does not divide the model's {count} {what}: "
-                            f"set it to {_or_list(choices)}.")
+            raise PlanError(
+                f"{tp_source} is {tp}, which does not divide the model's {count} {what}: set it to {_or_list(choices)}."
+            )
     gpu_mem = min(int(g.get("memory_mib") or 0) * MIB for g in gpus[:tp])
     names = sorted({str(g.get("name", "GPU")) for g in gpus[:tp]})
     if weights_bytes is None:
-        notes.append("weights size unknown (model_sync_weights_bytes): the memory-fit rule and the memory budget "
-                     "were not checked")
+        notes.append(
+            "weights size unknown (model_sync_weights_bytes): the memory-fit rule and the memory budget "
+            "were not checked"
+        )
         return None
     fit = check_weights_fit(flags, tp, tp_source, choices, gpu_mem, weights_bytes, headroom_gib)
     divided = ", ".join(f"{count} {what.split(' (')[0]}" for what, count in counts.items())
-    notes.append(f"tensor parallel {tp} of {len(gpus)} GPU(s) ({', '.join(names)}, {gib(gpu_mem / GIB)} each): "
-                 f"divides {divided}; {fit}")
+    notes.append(
+        f"tensor parallel {tp} of {len(gpus)} GPU(s) ({', '.join(names)}, {gib(gpu_mem / GIB)} each): "
+        f"divides {divided}; {fit}"
+    )
     return tp, gpu_mem // MIB
 
 
@@ -527,8 +573,9 @@ def _or_list(items: Sequence[int]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def check_weights_fit(flags: Flags, tp: int, tp_source: str, choices: Sequence[int], gpu_mem: int,
-                      weights_bytes: int, headroom_gib: float) -> str:
+def check_weights_fit(
+    flags: Flags, tp: int, tp_source: str, choices: Sequence[int], gpu_mem: int, weights_bytes: int, headroom_gib: float
+) -> str:
     """The quick rule before the budget: the weights per GPU plus the headroom fit the smallest GPU,
     and inside an explicit --mem-fraction-static; returns the note, or refuses naming the TP that fits."""
     per_gpu = weights_bytes / tp
@@ -539,22 +586,29 @@ def check_weights_fit(flags: Flags, tp: int, tp_source: str, choices: Sequence[i
 
     if not fits(tp):
         bigger = [n for n in choices if n > tp and fits(n)]
-        todo = (f"set it to {bigger[0]}" if bigger else
-                "no tensor-parallel size over the GPUs found fits, so serve a smaller or quantized model "
-                "or add GPUs")
-        raise PlanError(f"{tp_source} is {tp}, but the weights need {gib(per_gpu / GIB)} per GPU plus "
-                        f"{gib(headroom / GIB)} headroom (inference_server_settings.gpu_memory_headroom_gib) "
-                        f"and each GPU has {gib(gpu_mem / GIB)}: {todo}.")
+        todo = (
+            f"set it to {bigger[0]}"
+            if bigger
+            else "no tensor-parallel size over the GPUs found fits, so serve a smaller or quantized model or add GPUs"
+        )
+        raise PlanError(
+            f"{tp_source} is {tp}, but the weights need {gib(per_gpu / GIB)} per GPU plus "
+            f"{gib(headroom / GIB)} headroom (inference_server_settings.gpu_memory_headroom_gib) "
+            f"and each GPU has {gib(gpu_mem / GIB)}: {todo}."
+        )
     frac = flags.number("--mem-fraction-static", float)
     if frac is not None and per_gpu >= frac * gpu_mem:
-        raise PlanError(f"{flags.source('--mem-fraction-static')} is {frac}, but the weights alone take "
-                        f"{gib(per_gpu / GIB)} of the {gib(frac * gpu_mem / GIB)} it reserves per GPU: raise it or "
-                        "the tensor-parallel size.")
+        raise PlanError(
+            f"{flags.source('--mem-fraction-static')} is {frac}, but the weights alone take "
+            f"{gib(per_gpu / GIB)} of the {gib(frac * gpu_mem / GIB)} it reserves per GPU: raise it or "
+            "the tensor-parallel size."
+        )
     return f"weights {gib(per_gpu / GIB)} per GPU + {gib(headroom / GIB)} headroom fit"
 
 
 def launch_from_flags(flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: int, weights_bytes: int) -> Launch:
     """The :class:`Launch` an argv describes (flags SGLang would read; the rest at its defaults)."""
+
     def num(flag: str, kind: Callable[[Any], Any] = int) -> Any:
         return flags.number(flag, kind) if flags.has(flag) else None
 
@@ -562,19 +616,28 @@ def launch_from_flags(flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: in
     topk = num("--speculative-eagle-topk") or 1
     spec_v2 = str(env.get("SGLANG_ENABLE_SPEC_V2", "1")).lower() in ("1", "true")
     overlap = not flags.has("--disable-overlap-schedule") and (
-        algo is None or (algo in ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE") and spec_v2 and topk == 1))
+        algo is None or (algo in ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE") and spec_v2 and topk == 1)
+    )
     kv_dtype = str(flags.get("--kv-cache-dtype") or "auto")
     model_dtype = str(flags.get("--dtype") or "bfloat16")
     return Launch(
-        gpu_memory_mib=gpu_mib, tp=tp, weights_bytes=weights_bytes,
-        mem_fraction_static=num("--mem-fraction-static", float), max_running_requests=num("--max-running-requests"),
-        context_length=num("--context-length"), speculative_algorithm=algo,
+        gpu_memory_mib=gpu_mib,
+        tp=tp,
+        weights_bytes=weights_bytes,
+        mem_fraction_static=num("--mem-fraction-static", float),
+        max_running_requests=num("--max-running-requests"),
+        context_length=num("--context-length"),
+        speculative_algorithm=algo,
         draft_tokens=num("--speculative-num-draft-tokens"),
         extra_buffer=flags.get("--mamba-scheduler-strategy") == "extra_buffer",
-        radix_cache=not flags.has("--disable-radix-cache"), overlap=overlap, page_size=num("--page-size") or 1,
-        chunked_prefill_size=num("--chunked-prefill-size"), cuda_graph_max_bs=num("--cuda-graph-max-bs"),
+        radix_cache=not flags.has("--disable-radix-cache"),
+        overlap=overlap,
+        page_size=num("--page-size") or 1,
+        chunked_prefill_size=num("--chunked-prefill-size"),
+        cuda_graph_max_bs=num("--cuda-graph-max-bs"),
         piecewise_cuda_graph=not flags.has("--disable-piecewise-cuda-graph"),
-        max_mamba_cache_size=num("--max-mamba-cache-size"), max_total_tokens=num("--max-total-tokens"),
+        max_mamba_cache_size=num("--max-mamba-cache-size"),
+        max_total_tokens=num("--max-total-tokens"),
         mamba_full_memory_ratio=num("--mamba-full-memory-ratio", float) or MAMBA_FULL_MEMORY_RATIO,
         kv_bytes=DTYPE_BYTES.get(model_dtype if kv_dtype == "auto" else kv_dtype, 2),
         conv_bytes=DTYPE_BYTES.get(str(env.get("SGLANG_MAMBA_CONV_DTYPE") or "bfloat16"), 2),
@@ -582,8 +645,17 @@ def launch_from_flags(flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: in
     )
 
 
-def plan_memory(flags: Flags, config: Mapping[str, Any], *, tp: int, gpu_mib: int, weights_bytes: int,
-                settings: Mapping[str, Any], env: Mapping[str, str], notes: list[str]) -> dict[str, Any]:
+def plan_memory(
+    flags: Flags,
+    config: Mapping[str, Any],
+    *,
+    tp: int,
+    gpu_mib: int,
+    weights_bytes: int,
+    settings: Mapping[str, Any],
+    env: Mapping[str, str],
+    notes: list[str],
+) -> dict[str, Any]:
     """Set --mem-fraction-static, --max-running-requests and (when the KV cache cannot hold the
     model's context) --context-length from the budget, refuse what cannot start or leaves less than
     the settings' minimums, add the budget's table to ``notes`` and return it for plan["budget"]."""
@@ -591,8 +663,11 @@ def plan_memory(flags: Flags, config: Mapping[str, Any], *, tp: int, gpu_mib: in
     launch = launch_from_flags(flags, env, tp, gpu_mib, weights_bytes)
     target = settings.get("target_concurrency")
     min_context = settings.get("min_context_length") or DEFAULT_MIN_CONTEXT_LENGTH
-    min_source = ("inference_server_settings.min_context_length" if settings.get("min_context_length")
-                  else "the plan's default min_context_length")
+    min_source = (
+        "inference_server_settings.min_context_length"
+        if settings.get("min_context_length")
+        else "the plan's default min_context_length"
+    )
     if launch.mem_fraction_static is None:
         chosen = round(compute_budget(geo, launch).default_mem_fraction_static, 3)
         flags.set("--mem-fraction-static", chosen, "the plan: SGLang's own default for this GPU")
@@ -616,13 +691,17 @@ def plan_memory(flags: Flags, config: Mapping[str, Any], *, tp: int, gpu_mib: in
     return budget.as_dict()
 
 
-def _refuse(flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target: int | None,
-            min_context: int, min_source: str) -> None:
+def _refuse(
+    flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target: int | None, min_context: int, min_source: str
+) -> None:
     """Refuse, with one sentence naming the numbers and what to change, a budget that cannot start
     SGLang, that leaves the draft no room, or that leaves less than the settings' minimums."""
     frac = f"--mem-fraction-static {budget.mem_fraction_static} ({flags.source('--mem-fraction-static')})"
-    running_src = (flags.source("--max-running-requests") if flags.has("--max-running-requests")
-                   else "SGLang's default for speculative decoding")
+    running_src = (
+        flags.source("--max-running-requests")
+        if flags.has("--max-running-requests")
+        else "SGLang's default for speculative decoding"
+    )
     running = f"--max-running-requests {budget.requested_running} ({running_src})"
 
     def todo(running_key: str) -> str:
@@ -630,12 +709,20 @@ def _refuse(flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target:
         best = largest_running(geo, launch, min_context)
         bounds = fraction_bounds(geo, launch, target or 1, min_context)
         options = [f"lower {running_key} to {best}"] if best else []
-        options.append(f"raise mem_fraction_static to at least {bounds[0]}" if bounds
-                       else "raise tensor_parallel_size or use GPUs with more memory")
+        options.append(
+            f"raise mem_fraction_static to at least {bounds[0]}"
+            if bounds
+            else "raise tensor_parallel_size or use GPUs with more memory"
+        )
         return " or ".join(options)
 
-    key = ("target_concurrency" if running_src.startswith("the plan") else
-           running_src if flags.has("--max-running-requests") else "inference_server_settings.max_running_requests")
+    key = (
+        "target_concurrency"
+        if running_src.startswith("the plan")
+        else running_src
+        if flags.has("--max-running-requests")
+        else "inference_server_settings.max_running_requests"
+    )
     if not budget.starts:
         left = budget.static_gib - budget.weights_gib
         raise PlanError(
@@ -644,37 +731,46 @@ def _refuse(flags: Flags, geo: Geometry, launch: Launch, budget: Budget, target:
             f"{gib(budget.static_gib)} static pools, and the speculative verify buffers for "
             f"{budget.requested_running} requests ({gib(budget.verify_reserved_gib)}) leave "
             f"{'no room for the KV cache' if budget.kv_tokens <= 0 else 'no mamba slot for one request'} "
-            f"(SGLang stops with 'RuntimeError: Not enough memory'): {todo(key)}.")
+            f"(SGLang stops with 'RuntimeError: Not enough memory'): {todo(key)}."
+        )
     if not budget.outside_fits:
         top = fraction_bounds(geo, launch, None, 1)
-        change = (f"lower mem_fraction_static to at most {top[1]}" if top
-                  else "lower mem_fraction_static or raise tensor_parallel_size")
+        change = (
+            f"lower mem_fraction_static to at most {top[1]}"
+            if top
+            else "lower mem_fraction_static or raise tensor_parallel_size"
+        )
         raise PlanError(
             f"{frac} leaves {gib(budget.free_after_pools_gib)} per GPU beside SGLang's "
             f"pools, but the MTP draft ({gib(budget.draft_weights_load_gib)} while it loads), its KV cache "
             f"({gib(budget.draft_kv_gib)}) and SGLang's activation and CUDA-graph estimate "
-            f"({gib(budget.activations_gib)}) need {gib(budget.outside_need_gib)}: {change}.")
+            f"({gib(budget.activations_gib)}) need {gib(budget.outside_need_gib)}: {change}."
+        )
     if target is not None and budget.max_running < target:
         raise PlanError(
             f"inference_server_settings.target_concurrency is {target}, but the memory budget per GPU "
             f"({frac}, {running}) holds only {budget.max_running} running "
             f"requests ({budget.mamba_slots} mamba slots at {budget.slots_per_request} per request): "
-            f"{todo('target_concurrency')}.")
+            f"{todo('target_concurrency')}."
+        )
     explicit_context = launch.context_length is not None
     if explicit_context and launch.context_length > budget.kv_tokens:
         raise PlanError(
             f"{flags.source('--context-length')} is {launch.context_length}, but the memory budget's KV cache "
             f"holds {budget.kv_tokens} tokens per GPU, so SGLang would cut every request at "
             f"{budget.kv_tokens - 1}: lower it to at most {budget.kv_tokens // CONTEXT_STEP * CONTEXT_STEP} "
-            "or leave it unset so the plan sets it.")
+            "or leave it unset so the plan sets it."
+        )
     if explicit_context and launch.context_length < min_context:
         raise PlanError(
             f"{flags.source('--context-length')} is {launch.context_length}, less than {min_source} "
-            f"{min_context}: raise it or lower min_context_length.")
+            f"{min_context}: raise it or lower min_context_length."
+        )
     if budget.kv_tokens < min_context:
         raise PlanError(
             f"the memory budget per GPU ({frac}, {running}) leaves a KV cache of {budget.kv_tokens} tokens, less "
-            f"than {min_source} {min_context}: {todo(key)} or lower min_context_length.")
+            f"than {min_source} {min_context}: {todo(key)} or lower min_context_length."
+        )
 
 
 def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:
@@ -683,31 +779,51 @@ def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:
     rows = [
         ("GPU memory (nvidia-smi) x tensor parallel", f"{gib(budget.gpu_gib)} x {budget.tp}"),
         (f"available before the weights (- {CUDA_CONTEXT_GIB} GiB CUDA context)", gib(budget.available_gib)),
-        (f"--mem-fraction-static (SGLang's default here {budget.default_mem_fraction_static:.3f})",
-         f"{budget.mem_fraction_static:.3f} = {gib(budget.static_gib)} static pools"),
+        (
+            f"--mem-fraction-static (SGLang's default here {budget.default_mem_fraction_static:.3f})",
+            f"{budget.mem_fraction_static:.3f} = {gib(budget.static_gib)} static pools",
+        ),
         ("target weights (without the MTP head; + rotary cache)", gib(budget.weights_gib)),
-        (f"verify buffers reserved ({budget.requested_running or 0} requests x {budget.draft_tokens} draft tokens "
-         f"x {mib:.1f} MiB)", gib(budget.verify_reserved_gib)),
-        (f"mamba state slots ({mib:.1f} MiB each: conv {budget.mamba_conv_bytes / MIB:.1f} + SSM "
-         f"{budget.mamba_ssm_bytes / MIB:.1f} MiB)", f"{budget.mamba_slots} slots = {gib(budget.mamba_gib)}"),
-        (f"KV cache ({budget.kv_bytes_per_token / 1024:g} KiB per token, {geo.full_layers} layers)",
-         f"{budget.kv_tokens} tokens = {gib(budget.kv_gib)}"),
-        (f"running requests ({budget.mamba_slots} slots / {budget.slots_per_request} per request; "
-         f"asked {budget.requested_running})", str(budget.max_running)),
-        (f"context length (model {geo.max_positions})", f"{budget.context_length}; longest request "
-         f"{budget.longest_request} tokens"),
-        ("beside the pools: draft load + draft KV + activations", f"{gib(budget.outside_need_gib)} of "
-         f"{gib(budget.free_after_pools_gib)} free"),
+        (
+            f"verify buffers reserved ({budget.requested_running or 0} requests x {budget.draft_tokens} draft tokens "
+            f"x {mib:.1f} MiB)",
+            gib(budget.verify_reserved_gib),
+        ),
+        (
+            f"mamba state slots ({mib:.1f} MiB each: conv {budget.mamba_conv_bytes / MIB:.1f} + SSM "
+            f"{budget.mamba_ssm_bytes / MIB:.1f} MiB)",
+            f"{budget.mamba_slots} slots = {gib(budget.mamba_gib)}",
+        ),
+        (
+            f"KV cache ({budget.kv_bytes_per_token / 1024:g} KiB per token, {geo.full_layers} layers)",
+            f"{budget.kv_tokens} tokens = {gib(budget.kv_gib)}",
+        ),
+        (
+            f"running requests ({budget.mamba_slots} slots / {budget.slots_per_request} per request; "
+            f"asked {budget.requested_running})",
+            str(budget.max_running),
+        ),
+        (
+            f"context length (model {geo.max_positions})",
+            f"{budget.context_length}; longest request {budget.longest_request} tokens",
+        ),
+        (
+            "beside the pools: draft load + draft KV + activations",
+            f"{gib(budget.outside_need_gib)} of {gib(budget.free_after_pools_gib)} free",
+        ),
     ]
-    out = ["memory budget per GPU by SGLang 0.5.11's rules (docs/launch-plan.md, \"Memory budget\"), one row per "
-           "term:"]
+    out = ['memory budget per GPU by SGLang 0.5.11\'s rules (docs/launch-plan.md, "Memory budget"), one row per term:']
     out += [f"budget | {label:<74} | {value}" for label, value in rows]
     if budget.requested_running is not None and budget.max_running < budget.requested_running:
-        out.append(f"SGLang will run at most {budget.max_running} of the {budget.requested_running} requests asked "
-                   f"({flags.source('--max-running-requests')}): its mamba slots allow no more")
+        out.append(
+            f"SGLang will run at most {budget.max_running} of the {budget.requested_running} requests asked "
+            f"({flags.source('--max-running-requests')}): its mamba slots allow no more"
+        )
     if not budget.draft_modelled:
-        out.append(f"the {flags.get('--speculative-algorithm')} draft model's own memory is not in the budget "
-                   "(only NEXTN's MTP head is modelled)")
+        out.append(
+            f"the {flags.get('--speculative-algorithm')} draft model's own memory is not in the budget "
+            "(only NEXTN's MTP head is modelled)"
+        )
     return out
 
 

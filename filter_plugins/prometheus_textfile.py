@@ -26,21 +26,25 @@ file into place) to ``/var/lib/node_exporter/textfile_collector/llm_gate.prom``,
 ``changed_when: false``: the figures change on every run, and a measurement is not a
 change to the host (a no-op deploy must report zero changed tasks).
 """
+
 from __future__ import annotations
 
 import datetime as dt
 import math
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # used without Ansible (tests, tools)
+
     class AnsibleFilterError(ValueError):  # type: ignore[no-redef]
         """Stand-in for Ansible's filter error."""
 
+
 # Input key -> where to find it: first in a flat mapping, then in the gate's full report.
-GATE_FIELDS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
+GATE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "decode_tps": (("decode_tps",), ("aggregate", "decode_tps_mean")),
     "ttft_p50_s": (("ttft_p50_s",), ("aggregate", "ttft_p50_s")),
     "ttft_p95_s": (("ttft_p95_s",), ("aggregate", "ttft_p95_s")),
@@ -51,22 +55,32 @@ GATE_FIELDS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
 REQUIRED_FIELDS = ("passed",)
 
 # Metric families in output order: (name, type, help, [(input key, extra labels)]).
-METRICS: Tuple[Tuple[str, str, str, Tuple[Tuple[str, Dict[str, str]], ...]], ...] = (
-    ("llm_gate_decode_tokens_per_second", "gauge",
-     "Mean decode tokens/s per request measured by the health gate.",
-     (("decode_tps", {}),)),
-    ("llm_gate_ttft_seconds", "gauge",
-     "Time to first token measured by the health gate, by quantile.",
-     (("ttft_p50_s", {"quantile": "0.5"}), ("ttft_p95_s", {"quantile": "0.95"}))),
-    ("llm_gate_accept_length", "gauge",
-     "Speculative decoding (MTP) accept length measured by the health gate.",
-     (("accept_length", {}),)),
-    ("llm_gate_passed", "gauge",
-     "1 when the last health gate passed, 0 when it failed.",
-     (("passed", {}),)),
-    ("llm_gate_last_run_timestamp_seconds", "gauge",
-     "Unix time at which the last health gate started.",
-     (("timestamp", {}),)),
+METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...] = (
+    (
+        "llm_gate_decode_tokens_per_second",
+        "gauge",
+        "Mean decode tokens/s per request measured by the health gate.",
+        (("decode_tps", {}),),
+    ),
+    (
+        "llm_gate_ttft_seconds",
+        "gauge",
+        "Time to first token measured by the health gate, by quantile.",
+        (("ttft_p50_s", {"quantile": "0.5"}), ("ttft_p95_s", {"quantile": "0.95"})),
+    ),
+    (
+        "llm_gate_accept_length",
+        "gauge",
+        "Speculative decoding (MTP) accept length measured by the health gate.",
+        (("accept_length", {}),),
+    ),
+    ("llm_gate_passed", "gauge", "1 when the last health gate passed, 0 when it failed.", (("passed", {}),)),
+    (
+        "llm_gate_last_run_timestamp_seconds",
+        "gauge",
+        "Unix time at which the last health gate started.",
+        (("timestamp", {}),),
+    ),
 )
 
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -87,20 +101,20 @@ def _lookup(report: Mapping[str, Any], paths: Sequence[Sequence[str]]) -> Any:
     return None
 
 
-def _number(key: str, value: Any) -> Optional[float]:
+def _number(key: str, value: Any) -> float | None:
     """A finite float, ``None`` for missing/NaN; an error for anything else."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise AnsibleFilterError("prometheus_textfile: %s must be a number, got a boolean" % key)
+        raise AnsibleFilterError(f"prometheus_textfile: {key} must be a number, got a boolean")
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise AnsibleFilterError("prometheus_textfile: %s must be a number, got %r" % (key, value))
+        raise AnsibleFilterError(f"prometheus_textfile: {key} must be a number, got {value!r}") from None
     if math.isnan(number):
         return None
     if math.isinf(number):
-        raise AnsibleFilterError("prometheus_textfile: %s must be finite, got %r" % (key, value))
+        raise AnsibleFilterError(f"prometheus_textfile: {key} must be finite, got {value!r}")
     return number
 
 
@@ -113,10 +127,10 @@ def _passed(value: Any) -> float:
         return 1.0
     if text in ("false", "no", "0"):
         return 0.0
-    raise AnsibleFilterError("prometheus_textfile: passed must be a boolean, got %r" % (value,))
+    raise AnsibleFilterError(f"prometheus_textfile: passed must be a boolean, got {value!r}")
 
 
-def _timestamp(value: Any) -> Optional[float]:
+def _timestamp(value: Any) -> float | None:
     """Unix seconds from ISO 8601 text (``Z`` or an offset; naive = UTC) or a number."""
     if value is None:
         return None
@@ -132,23 +146,25 @@ def _timestamp(value: Any) -> Optional[float]:
             try:
                 return _number("timestamp", text)
             except AnsibleFilterError:
-                raise AnsibleFilterError("prometheus_textfile: timestamp must be ISO 8601 or Unix seconds, got %r"
-                                         % (value,))
+                raise AnsibleFilterError(
+                    f"prometheus_textfile: timestamp must be ISO 8601 or Unix seconds, got {value!r}"
+                ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     return moment.timestamp()
 
 
-def gate_metrics(report: Mapping[str, Any]) -> Dict[str, Optional[float]]:
+def gate_metrics(report: Mapping[str, Any]) -> dict[str, float | None]:
     """The gate's figures as numbers keyed like ``GATE_FIELDS`` (``None`` = not measured)."""
     if not isinstance(report, Mapping):
-        raise AnsibleFilterError("prometheus_textfile expects a mapping (the gate report), got %s"
-                                 % type(report).__name__)
+        raise AnsibleFilterError(
+            f"prometheus_textfile expects a mapping (the gate report), got {type(report).__name__}"
+        )
     raw = {key: _lookup(report, paths) for key, paths in GATE_FIELDS.items()}
     for key in REQUIRED_FIELDS:
         if raw[key] is None:
-            raise AnsibleFilterError("prometheus_textfile: the report has no '%s'" % key)
-    values: Dict[str, Optional[float]] = {}
+            raise AnsibleFilterError(f"prometheus_textfile: the report has no '{key}'")
+    values: dict[str, float | None] = {}
     for key, value in raw.items():
         if key == "passed":
             values[key] = _passed(value)
@@ -164,19 +180,19 @@ def _escape(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _labels(labels: Optional[Mapping[str, Any]]) -> List[Tuple[str, str]]:
+def _labels(labels: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     """Validated, sorted label pairs."""
     if labels is None:
         return []
     if not isinstance(labels, Mapping):
-        raise AnsibleFilterError("prometheus_textfile: labels must be a mapping, got %s" % type(labels).__name__)
+        raise AnsibleFilterError(f"prometheus_textfile: labels must be a mapping, got {type(labels).__name__}")
     pairs = []
     for name, value in labels.items():
         name = str(name)
         if not _LABEL_NAME.match(name) or name.startswith("__") or name in _RESERVED_LABELS:
-            raise AnsibleFilterError("prometheus_textfile: '%s' is not a usable label name" % name)
+            raise AnsibleFilterError(f"prometheus_textfile: '{name}' is not a usable label name")
         if value is None:
-            raise AnsibleFilterError("prometheus_textfile: label '%s' has no value" % name)
+            raise AnsibleFilterError(f"prometheus_textfile: label '{name}' has no value")
         pairs.append((name, str(value)))
     return sorted(pairs)
 
@@ -184,15 +200,15 @@ def _labels(labels: Optional[Mapping[str, Any]]) -> List[Tuple[str, str]]:
 def _format_value(value: float) -> str:
     """Shortest exact text of a sample value."""
     if value.is_integer() and abs(value) < 1e15:
-        return "%d" % value
+        return str(int(value))
     return repr(value)
 
 
-def prometheus_textfile(report: Mapping[str, Any], labels: Optional[Mapping[str, Any]] = None) -> str:
+def prometheus_textfile(report: Mapping[str, Any], labels: Mapping[str, Any] | None = None) -> str:
     """The gate report as Prometheus text exposition format (see the module docstring)."""
     values = gate_metrics(report)
     common = _labels(labels)
-    lines: List[str] = []
+    lines: list[str] = []
     for name, kind, help_text, samples in METRICS:
         rendered = []
         for key, extra in samples:
@@ -200,11 +216,11 @@ def prometheus_textfile(report: Mapping[str, Any], labels: Optional[Mapping[str,
             if value is None:
                 continue
             pairs = common + sorted(extra.items())
-            label_text = "{%s}" % ",".join('%s="%s"' % (k, _escape(v)) for k, v in pairs) if pairs else ""
-            rendered.append("%s%s %s" % (name, label_text, _format_value(value)))
+            label_text = "{{{}}}".format(",".join(f'{k}="{_escape(v)}"' for k, v in pairs)) if pairs else ""
+            rendered.append(f"{name}{label_text} {_format_value(value)}")
         if rendered:
-            lines.append("# HELP %s %s" % (name, help_text))
-            lines.append("# TYPE %s %s" % (name, kind))
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
             lines.extend(rendered)
     return "\n".join(lines) + "\n"
 
@@ -212,6 +228,6 @@ def prometheus_textfile(report: Mapping[str, Any], labels: Optional[Mapping[str,
 class FilterModule:
     """Ansible filters for the Prometheus textfile of the health gate."""
 
-    def filters(self) -> Dict[str, Any]:
+    def filters(self) -> dict[str, Any]:
         """Map filter names to functions."""
         return {"prometheus_textfile": prometheus_textfile}

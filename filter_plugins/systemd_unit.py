@@ -4,6 +4,7 @@
 value(s) per line, each word quoted for systemd. ``systemd_quote`` quotes one word, and
 ``systemd_env_line`` renders one ``Environment=`` assignment.
 """
+
 from __future__ import annotations
 
 import re

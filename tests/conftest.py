@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -45,3 +46,32 @@ def repo() -> Path:
 def cache_dir() -> Path:
     """The controller cache (DEPLOY_CACHE_DIR, default <repo>/.cache) built by make."""
     return Path(os.environ.get("DEPLOY_CACHE_DIR", REPO / ".cache"))
+
+
+# The health gate tests' fakes (tests/test_gate_support.py) as fixtures, shared by name.
+@pytest.fixture
+def fake_server():
+    """Factory: ``fake_server(**scenario)`` returns a started :class:`FakeLLMServer`."""
+    from test_gate_support import FakeLLMServer
+
+    servers: list[FakeLLMServer] = []
+
+    def make(**scenario: Any) -> FakeLLMServer:
+        server = FakeLLMServer(**scenario).start()
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+def fake_systemd(tmp_path, monkeypatch):
+    """Fake systemd tools first on PATH (only for this test)."""
+    from test_gate_support import FakeSystemd
+
+    fake = FakeSystemd(tmp_path / "systemd")
+    monkeypatch.setenv("FAKE_SYSTEMD", str(fake.root))
+    monkeypatch.setenv("PATH", "{}:{}".format(fake.bin, os.environ.get("PATH", "")))
+    return fake

@@ -5,6 +5,7 @@ with tools/build-sglang-check-venv (a no-op once built), ``transformers_venv`` u
 profile's venv from ``make tools-venv`` and builds it when it is missing. A test that needs
 one of them fails when it cannot be built; it never skips.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,12 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from launch_plan_cases import CHECK_SCRIPT, QWEN_CONFIG, REPO, TINY_CONFIG, cache_dir, load_yaml
 
 
@@ -80,8 +81,9 @@ def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="session")
 def sglang_check_venv() -> Path:
     """The venv with real SGLang 0.5.11 (built once, then cached)."""
-    proc = _run([str(REPO / "tools" / "build-sglang-check-venv")],
-                env={**os.environ, "DEPLOY_CACHE_DIR": str(cache_dir())})
+    proc = _run(
+        [str(REPO / "tools" / "build-sglang-check-venv")], env={**os.environ, "DEPLOY_CACHE_DIR": str(cache_dir())}
+    )
     assert proc.returncode == 0, f"tools/build-sglang-check-venv failed:\n{proc.stdout}\n{proc.stderr}"
     venv = cache_dir() / "venvs" / "sglang-check"
     assert (venv / "bin" / "python").exists()
@@ -108,12 +110,15 @@ CheckRunner = Callable[..., "tuple[int, dict[str, Any]]"]
 def run_check() -> CheckRunner:
     """Run check-launch-args.py with a venv's python: ``run_check(venv, engine, argv, env=, gpus=)``."""
 
-    def run(venv: Path, engine: str, argv: list[str], env: dict[str, str] | None = None,
-            gpus: int = 0) -> tuple[int, dict[str, Any]]:
+    def run(
+        venv: Path, engine: str, argv: list[str], env: dict[str, str] | None = None, gpus: int = 0
+    ) -> tuple[int, dict[str, Any]]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "HF_"))}
         full_env.update(env or {})
-        proc = _run([str(venv / "bin" / "python"), str(CHECK_SCRIPT), "--engine", engine, "--gpus", str(gpus),
-                     "--", *argv], env=full_env)
+        proc = _run(
+            [str(venv / "bin" / "python"), str(CHECK_SCRIPT), "--engine", engine, "--gpus", str(gpus), "--", *argv],
+            env=full_env,
+        )
         lines = proc.stdout.strip().splitlines()
         assert len(lines) == 1, f"expected one JSON line on stdout, got:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
         return proc.returncode, json.loads(lines[0])

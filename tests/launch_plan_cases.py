@@ -1,4 +1,5 @@
 """Paths and shared test data of the launch-plan tests (plain module, not a pytest plugin)."""
+
 from __future__ import annotations
 
 import os
@@ -16,12 +17,19 @@ TINY_CONFIG = REPO / "tests" / "fixtures" / "tiny-qwen3.5-flat.config.json"
 #   python3 -m sglang.launch_server --model-path ... --speculative-algorithm NEXTN
 #   --speculative-num-draft-tokens 1 --tensor-parallel-size 2 --port 30000 --host 0.0.0.0
 #   --trust-remote-code --dtype bfloat16
+# fmt: off
 ORIGIN_FLAGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "1",
                 "--tensor-parallel-size", "2", "--port", "30000", "--host", "0.0.0.0", "--trust-remote-code",
                 "--dtype", "bfloat16"]
+# fmt: on
 # The same flags given to the plan as inference_server_overrides (host and port have their own variables).
-ORIGIN_OVERRIDES = {"--speculative-algorithm": "NEXTN", "--speculative-num-draft-tokens": 1,
-                    "--tensor-parallel-size": 2, "--trust-remote-code": True, "--dtype": "bfloat16"}
+ORIGIN_OVERRIDES = {
+    "--speculative-algorithm": "NEXTN",
+    "--speculative-num-draft-tokens": 1,
+    "--tensor-parallel-size": 2,
+    "--trust-remote-code": True,
+    "--dtype": "bfloat16",
+}
 # What the plan says about them, before anything reaches a host.
 ORIGIN_REFUSAL = (
     "speculative decoding (inference_server_overrides['--speculative-algorithm']: NEXTN) on the hybrid model "

@@ -16,6 +16,7 @@
 SGLang's own enforcement needs a GPU to start: bench/results/gpu_api_key.md is that run
 (tools/api-key-check against real SGLang started from the keyed plan, and the journal).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ import pytest
 from launch_plan import PlanError, build_plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import base_options, fake_server, llm_gate  # noqa: E402,F401 - fixture used by name
+from test_gate_support import base_options, llm_gate  # noqa: E402 - imported after the sys.path insert
 
 pytest_plugins = ["conftest_launch_plan"]
 
@@ -44,16 +45,20 @@ LOG_FILE = "/etc/inference-server/sglang-logging.json"
 
 def sglang_plan(**kw):
     """ct129's plan with keyword overrides."""
+    # fmt: off
     args = dict(engine="sglang", engine_version="0.5.11", venv_dir="/root/ml-env.d/abc", model_path="/m",
                 host="0.0.0.0", port=30000, gpus=GPUS, weights_bytes=55566139392, settings=SGLANG)
+    # fmt: on
     args.update(kw)
     return build_plan(QWEN, **args)
 
 
 def transformers_plan(**kw):
     """The rehearsal plan with keyword overrides."""
+    # fmt: off
     args = dict(engine="transformers", engine_version="5.6.0", venv_dir="/opt/ml-env.d/abc", model_path="/m",
                 host="127.0.0.1", port=8000, settings={"device": "cpu"})
+    # fmt: on
     args.update(kw)
     return build_plan(TINY, **args)
 
@@ -82,8 +87,11 @@ def test_with_a_key_sglang_logs_through_a_configuration_without_its_argument_dum
 
 
 def test_an_operators_own_logging_configuration_is_kept_and_named():
-    plan = sglang_plan(api_key_file=KEY_FILE, logging_config_file=LOG_FILE,
-                       environment={"SGLANG_LOGGING_CONFIG_PATH": "/etc/mine.json"})
+    plan = sglang_plan(
+        api_key_file=KEY_FILE,
+        logging_config_file=LOG_FILE,
+        environment={"SGLANG_LOGGING_CONFIG_PATH": "/etc/mine.json"},
+    )
     assert plan["env"]["SGLANG_LOGGING_CONFIG_PATH"] == "/etc/mine.json"
     assert "logging_config" not in plan
     assert any("sglang.srt.entrypoints.engine" in note and "/etc/mine.json" not in note for note in plan["notes"])
@@ -103,30 +111,49 @@ def test_sglangs_own_logger_setup_drops_the_argument_dump_and_keeps_the_rest(sgl
         "configure_logger(types.SimpleNamespace(log_level='info'))\n"
         f"logging.getLogger('sglang.srt.entrypoints.engine').info(\"server_args=ServerArgs(api_key='{KEY}')\")\n"
         "logging.getLogger('sglang.srt.managers.scheduler').info('scheduler line at info')\n"
-        "logging.getLogger('sglang.srt.entrypoints.engine').warning('engine line at warning')\n")
+        "logging.getLogger('sglang.srt.entrypoints.engine').warning('engine line at warning')\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    done = subprocess.run([str(sglang_check_venv / "bin/python"), "-c", script], capture_output=True, text=True,
-                          env={**env, "SGLANG_LOGGING_CONFIG_PATH": str(config)}, timeout=300)
+    done = subprocess.run(
+        [str(sglang_check_venv / "bin/python"), "-c", script],
+        capture_output=True,
+        text=True,
+        env={**env, "SGLANG_LOGGING_CONFIG_PATH": str(config)},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert KEY not in done.stderr + done.stdout
     assert "scheduler line at info" in done.stderr and "engine line at warning" in done.stderr
     # Without the configuration SGLang's default setup prints the dump, key and all.
-    bare = subprocess.run([str(sglang_check_venv / "bin/python"), "-c", script], capture_output=True, text=True,
-                          env=env, timeout=300)
+    bare = subprocess.run(
+        [str(sglang_check_venv / "bin/python"), "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert KEY in bare.stderr
 
 
-@pytest.mark.parametrize("flag, expected", [
-    ("--api-key", "inference_server_overrides['--api-key'] would put a secret in the unit file and in the server's "
-                  "argv, which every user of the host can read: remove it and set inference_server_api_key "
-                  "(vaulted) instead."),
-    ("--admin-api-key", "inference_server_overrides['--admin-api-key'] would put a secret in the unit file and in "
-                        "the server's argv, which every user of the host can read: remove it (this repository "
-                        "manages no admin key, so SGLang keeps its admin endpoints refused)."),
-    ("--config", "inference_server_overrides['--config']: the plan passes the API key file with --config, and "
-                 "SGLang takes only one: remove it and give those flags through inference_server_settings or "
-                 "inference_server_overrides."),
-])
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        (
+            "--api-key",
+            "inference_server_overrides['--api-key'] would put a secret in the unit file and in the server's "
+            "argv, which every user of the host can read: remove it and set inference_server_api_key "
+            "(vaulted) instead.",
+        ),
+        (
+            "--admin-api-key",
+            "inference_server_overrides['--admin-api-key'] would put a secret in the unit file and in "
+            "the server's argv, which every user of the host can read: remove it (this repository "
+            "manages no admin key, so SGLang keeps its admin endpoints refused).",
+        ),
+        (
+            "--config",
+            "inference_server_overrides['--config']: the plan passes the API key file with --config, and "
+            "SGLang takes only one: remove it and give those flags through inference_server_settings or "
+            "inference_server_overrides.",
+        ),
+    ],
+)
 def test_overrides_that_would_carry_a_key_are_refused(flag, expected):
     with pytest.raises(PlanError) as err:
         sglang_plan(overrides={flag: KEY})
@@ -140,7 +167,8 @@ def test_transformers_refuses_a_key_it_cannot_enforce():
     assert str(err.value) == (
         "inference_server_api_key is set, but transformers serve has no API key support and would leave /v1/* "
         "open: leave it empty for this engine, or set inference_server_allow_unenforced_api_key to true to "
-        "rehearse the key's path unenforced.")
+        "rehearse the key's path unenforced."
+    )
     plan = transformers_plan(api_key_file=KEY_FILE, allow_unenforced_api_key=True)
     assert "--config" not in plan["argv"]
     assert any("NOT protected" in note for note in plan["notes"])
@@ -158,7 +186,8 @@ def test_the_gate_authenticates_and_fails_without_the_key(fake_server):
     assert refused["passed"] is False
     assert refused["reasons"] == [
         "the server refused /v1/models with HTTP 401 without an API key: set health_gate_api_key (it defaults to "
-        "inference_server_api_key) to the server's API key"], refused["reasons"]
+        "inference_server_api_key) to the server's API key"
+    ], refused["reasons"]
     wrong = llm_gate.run_gate(base_options(server.url, api_key=KEY + "-old", min_decode_tps=1))
     assert "HTTP 401 with the API key the gate sent" in wrong["reasons"][0]
     assert KEY not in json.dumps(wrong)
@@ -171,8 +200,13 @@ def run_check(url: str, *args: str, key: str | None = KEY) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if k != "HEALTH_GATE_API_KEY"}
     if key is not None:
         env["HEALTH_GATE_API_KEY"] = key
-    return subprocess.run([sys.executable, str(REPO / "tools/api-key-check"), "--url", url, *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(REPO / "tools/api-key-check"), "--url", url, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_api_key_check_passes_where_the_key_is_enforced(fake_server):

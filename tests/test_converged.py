@@ -1,6 +1,7 @@
 """The converged fast path (roles/converged): the host-side record and check, and the
 controller-side fingerprint of a deploy's inputs. The molecule scenario ``default`` runs
 both for real (a no-op deploy skips the roles; each kind of drift falls through to them)."""
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,17 @@ def host(tmp_path: Path) -> dict:
     for dist in ("mdurl-0.1.2.dist-info", "torch-2.9.0.dist-info"):
         (site / dist).mkdir()
     (tmp_path / "current").symlink_to(tmp_path / "model")
-    params = {"path": str(tmp_path / "deploy/converged.json"), "fingerprint": {"variables of role a": "1", "files of role a": "2"},
-              "files": [str(tmp_path / p) for p in ("etc/unit.service", "etc/secrets.env", "etc", "current", "absent.yaml")],
-              "trees": [str(tmp_path / "model")], "venvs": [str(tmp_path / "venv")], "users": ["root"], "groups": ["root"],
-              "unit": "", "facts": {"model_sync_revision": "abc"}}
+    params = {
+        "path": str(tmp_path / "deploy/converged.json"),
+        "fingerprint": {"variables of role a": "1", "files of role a": "2"},
+        "files": [str(tmp_path / p) for p in ("etc/unit.service", "etc/secrets.env", "etc", "current", "absent.yaml")],
+        "trees": [str(tmp_path / "model")],
+        "venvs": [str(tmp_path / "venv")],
+        "users": ["root"],
+        "groups": ["root"],
+        "unit": "",
+        "facts": {"model_sync_revision": "abc"},
+    }
     return {"root": tmp_path, "params": params, "site": site}
 
 
@@ -61,20 +69,34 @@ def test_an_unchanged_host_is_converged_and_the_record_is_private(host):
     assert SECRET not in Path(params["path"]).read_text()
 
 
-@pytest.mark.parametrize("drift, reason", [
-    (lambda r: (r / "etc/unit.service").write_text("[Service]\nExecStart=/bin/false\n"), "etc/unit.service was edited (its sha256 changed)."),
-    (lambda r: os.chmod(r / "etc/secrets.env", 0o640), "etc/secrets.env changed mode or owner."),
-    (lambda r: (r / "etc/unit.service").unlink(), "etc/unit.service is gone."),
-    (lambda r: (r / "absent.yaml").write_text("x"), "absent.yaml exists, but the converged deploy had removed it."),
-    (lambda r: ((r / "current").unlink(), (r / "current").symlink_to(r / "etc")), "current points at"),
-    (lambda r: os.utime(r / "model/w.safetensors", ns=(1, 1)), "model: w.safetensors changed (size, mtime, mode or owner)."),
-    (lambda r: (r / "model/extra.bin").write_text("x"), "model: extra.bin changed"),
-    (lambda r: (r / "venv/lib/python3.11/site-packages/mdurl-0.1.2.dist-info").rmdir(),
-     "changed: removed ['mdurl-0.1.2.dist-info'], added nothing."),
-    (lambda r: (r / "venv/lib/python3.11/site-packages/torch-2.9.0.dist-info").rename(
-        r / "venv/lib/python3.11/site-packages/torch-2.9.1.dist-info"),
-     "changed: removed ['torch-2.9.0.dist-info'], added ['torch-2.9.1.dist-info']."),
-])
+@pytest.mark.parametrize(
+    "drift, reason",
+    [
+        (
+            lambda r: (r / "etc/unit.service").write_text("[Service]\nExecStart=/bin/false\n"),
+            "etc/unit.service was edited (its sha256 changed).",
+        ),
+        (lambda r: os.chmod(r / "etc/secrets.env", 0o640), "etc/secrets.env changed mode or owner."),
+        (lambda r: (r / "etc/unit.service").unlink(), "etc/unit.service is gone."),
+        (lambda r: (r / "absent.yaml").write_text("x"), "absent.yaml exists, but the converged deploy had removed it."),
+        (lambda r: ((r / "current").unlink(), (r / "current").symlink_to(r / "etc")), "current points at"),
+        (
+            lambda r: os.utime(r / "model/w.safetensors", ns=(1, 1)),
+            "model: w.safetensors changed (size, mtime, mode or owner).",
+        ),
+        (lambda r: (r / "model/extra.bin").write_text("x"), "model: extra.bin changed"),
+        (
+            lambda r: (r / "venv/lib/python3.11/site-packages/mdurl-0.1.2.dist-info").rmdir(),
+            "changed: removed ['mdurl-0.1.2.dist-info'], added nothing.",
+        ),
+        (
+            lambda r: (r / "venv/lib/python3.11/site-packages/torch-2.9.0.dist-info").rename(
+                r / "venv/lib/python3.11/site-packages/torch-2.9.1.dist-info"
+            ),
+            "changed: removed ['torch-2.9.0.dist-info'], added ['torch-2.9.1.dist-info'].",
+        ),
+    ],
+)
 def test_each_kind_of_drift_is_named(host, drift, reason):
     params = recorded(host["params"])
     drift(host["root"])
@@ -85,8 +107,11 @@ def test_each_kind_of_drift_is_named(host, drift, reason):
 def test_changed_inputs_name_their_part_and_a_missing_record_says_so(host):
     params = recorded(host["params"])
     assert check({**params, "fingerprint": {"variables of role a": "9", "files of role a": "2"}}) == [
-        "The deploy's inputs changed: variables of role a."]
-    assert check({**params, "fingerprint": {"variables of role a": "1"}}) == ["The deploy's inputs changed: files of role a."]
+        "The deploy's inputs changed: variables of role a."
+    ]
+    assert check({**params, "fingerprint": {"variables of role a": "1"}}) == [
+        "The deploy's inputs changed: files of role a."
+    ]
     os.unlink(params["path"])
     assert check(params) == [f"No converged deploy is on record ({params['path']} does not exist)."]
     Path(params["path"]).write_text("{not json")
@@ -105,13 +130,24 @@ def systemctl(tmp_path: Path, monkeypatch) -> Path:
     return props
 
 
-@pytest.mark.parametrize("props, problem", [
-    ("ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=no\n", None),
-    ("ActiveState=activating\nUnitFileState=enabled\nNeedDaemonReload=no\n", "The unit llm is activating, not active."),
-    ("ActiveState=active\nUnitFileState=disabled\nNeedDaemonReload=no\n", "The unit llm is disabled at boot, not enabled."),
-    ("ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n",
-     "The unit file of llm changed on disk since systemd loaded it."),
-])
+@pytest.mark.parametrize(
+    "props, problem",
+    [
+        ("ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=no\n", None),
+        (
+            "ActiveState=activating\nUnitFileState=enabled\nNeedDaemonReload=no\n",
+            "The unit llm is activating, not active.",
+        ),
+        (
+            "ActiveState=active\nUnitFileState=disabled\nNeedDaemonReload=no\n",
+            "The unit llm is disabled at boot, not enabled.",
+        ),
+        (
+            "ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n",
+            "The unit file of llm changed on disk since systemd loaded it.",
+        ),
+    ],
+)
 def test_the_unit_must_be_active_enabled_and_loaded(systemctl, props, problem):
     systemctl.write_text(props)
     assert cs.unit_problem("llm") == problem
@@ -121,8 +157,12 @@ def run_module(params: dict, check_mode: bool = False) -> dict:
     """Run the module as Ansible does (arguments in a file) and return its JSON result."""
     args = Path(params["path"]).parent.parent / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**params, "_ansible_check_mode": check_mode}}))
-    proc = subprocess.run([sys.executable, str(ROLE / "library/converged_state.py"), str(args)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(ROLE / "library/converged_state.py"), str(args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return json.loads(proc.stdout)
 
 
@@ -150,27 +190,45 @@ def fingerprint(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]
         (role / "meta").mkdir(parents=True)
         (role / "tasks").mkdir()
         (role / "tasks/main.yml").write_text("---\n- ansible.builtin.debug: {msg: hi}\n")
-        (role / "meta/argument_specs.yml").write_text(yaml.safe_dump({"argument_specs": {
-            "main": {"options": {"r_port": {"type": "int"}, "r_token": {"type": "str"}, "r_derived": {"type": "str"},
-                                 "r_keep": {"type": "list"}}},
-            "other": {"options": {"r_other": {"type": "str"}}}}}))
+        (role / "meta/argument_specs.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "argument_specs": {
+                        "main": {
+                            "options": {
+                                "r_port": {"type": "int"},
+                                "r_token": {"type": "str"},
+                                "r_derived": {"type": "str"},
+                                "r_keep": {"type": "list"},
+                            }
+                        },
+                        "other": {"options": {"r_other": {"type": "str"}}},
+                    }
+                }
+            )
+        )
         (tmp_path / "big.bin").write_bytes(b"\0" * (2 << 20))
+    # fmt: off
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
         {"name": "Fingerprint", "converged_fingerprint": {
             "roles_dir": str(tmp_path / "roles"), "roles": ["r"], "ignore_vars": ["r_keep"],
             "paths": [str(tmp_path / "big.bin"), str(tmp_path / "no-such-path")], "facts": {"gpus": []}},
          "register": "fp"},
         {"name": "Show", "ansible.builtin.debug": {"var": "fp.fingerprint"}}]}]
+    # fmt: on
+    # fmt: off
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_ACTION_PLUGINS=str(ROLE / "action_plugins"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
+    env = dict(os.environ, ANSIBLE_ACTION_PLUGINS=str(ROLE / "action_plugins"),
+               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
+               PATH=f"{BIN}:{os.environ['PATH']}")
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
                            *args, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    tasks = json.loads(proc.stdout[proc.stdout.index("{"):])["plays"][0]["tasks"]
+    # fmt: on
+    tasks = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"]
     return tasks[-1]["hosts"]["localhost"]["fp.fingerprint"], proc.stdout + proc.stderr
 
 
@@ -185,8 +243,13 @@ def changed_parts(before: dict, after: dict) -> list[str]:
 def test_the_fingerprint_follows_documented_variables_role_files_and_controller_paths(tmp_path):
     first, out = fingerprint(tmp_path, BASE, "-vvvv")
     assert SECRET not in out, "a secret value was printed"
-    assert sorted(first) == ["controller path " + str(tmp_path / "big.bin"), "controller path " + str(tmp_path / "no-such-path"),
-                             "files of role r", "host facts", "variables of role r"]
+    assert sorted(first) == [
+        "controller path " + str(tmp_path / "big.bin"),
+        "controller path " + str(tmp_path / "no-such-path"),
+        "files of role r",
+        "host facts",
+        "variables of role r",
+    ]
     again, _ = fingerprint(tmp_path, BASE)
     assert again == first, "the same inputs must give the same fingerprint"
     # An ignored variable, or one no role documents, is not an input.

@@ -1,6 +1,7 @@
 """The host's deploy lock (roles/deploy_lock): the module's acquire/release logic and the
 controller-side identity and liveness lookup, without a host. The molecule scenario
 ``reliability`` runs it for real (a killed run taken over, a concurrent run refused)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -111,13 +112,16 @@ def test_two_runs_starting_together_get_the_lock_once(tmp_path):
 
 def test_the_identity_is_the_outermost_process_with_the_same_command_line():
     """A forked worker (like Ansible's) reports its parent, the process that was started."""
-    code = ("import os, sys, json; sys.path.insert(0, %r); import deploy_lock_run as r; "
-            "pid = os.fork()\n"
-            "if pid == 0:\n    print(json.dumps(r.identity())); sys.stdout.flush(); os._exit(0)\n"
-            "os.waitpid(pid, 0); print(os.getpid())") % str(ROLE / "lookup_plugins")
+    code = (
+        "import os, sys, json; sys.path.insert(0, {!r}); import deploy_lock_run as r; "
+        "pid = os.fork()\n"
+        "if pid == 0:\n    print(json.dumps(r.identity())); sys.stdout.flush(); os._exit(0)\n"
+        "os.waitpid(pid, 0); print(os.getpid())"
+    ).format(str(ROLE / "lookup_plugins"))
     env = dict(os.environ, PYTHONPATH=str(ROLE / "lookup_plugins"))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          cwd=ROLE / "lookup_plugins")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROLE / "lookup_plugins"
+    )
     if proc.returncode != 0 and "ansible" in proc.stderr:
         pytest.fail(proc.stderr)
     child, parent = proc.stdout.strip().splitlines()

@@ -7,21 +7,20 @@ exactly those signals to the REAL rehearsal engine (``transformers serve`` with 
 model, from ``$DEPLOY_CACHE_DIR``; missing, they fail) while streaming chat completions are
 in flight, and render the role's unit to check that it says so.
 """
+
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 
@@ -47,15 +46,18 @@ DRAIN_BOUND_S = 120
 EXIT_AFTER_LAST_S = 10
 
 
-def stream(url: str, tokens: int, out: Dict[str, Any]) -> None:
+def stream(url: str, tokens: int, out: dict[str, Any]) -> None:
     """One streaming chat completion; fills ``out`` with what arrived and when."""
     body = {
-        "model": str(MODEL), "stream": True, "max_tokens": tokens,
+        "model": str(MODEL),
+        "stream": True,
+        "max_tokens": tokens,
         "messages": [{"role": "user", "content": "Count slowly."}],
         "generation_config": json.dumps({"min_new_tokens": tokens, "max_new_tokens": tokens, "do_sample": False}),
     }
-    request = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     out.update(chunks=0, first=None, last=None, finish=None, usage=None, done=False, error=None)
     try:
         with urllib.request.urlopen(request, timeout=60) as resp:
@@ -80,10 +82,13 @@ def stream(url: str, tokens: int, out: Dict[str, Any]) -> None:
     out["ended"] = time.monotonic()
 
 
-def complete(result: Dict[str, Any]) -> bool:
+def complete(result: dict[str, Any]) -> bool:
     """True when the stream ended normally with all its tokens."""
-    return (result.get("error") is None and result.get("finish") == "length"
-            and (result.get("usage") or {}).get("completion_tokens") == TOKENS)
+    return (
+        result.get("error") is None
+        and result.get("finish") == "length"
+        and (result.get("usage") or {}).get("completion_tokens") == TOKENS
+    )
 
 
 def port_refuses(port: int) -> bool:
@@ -100,24 +105,25 @@ def received(tmp_path: Path) -> int:
     return (tmp_path / "server.log").read_text(errors="replace").count("[Request received]")
 
 
-def signal_during_streams(tmp_path: Path, send) -> Dict[str, Any]:
+def signal_during_streams(tmp_path: Path, send) -> dict[str, Any]:
     """Start the real server, open STREAMS streams, call ``send(proc)`` once one has its first
-    token and the server took them all, and report the streams, when the port stopped taking connections and how the server exited."""
+    token and the server took them all, and report the streams, when the port stopped taking
+    connections and how the server exited."""
     port = free_port()
-    url = "http://127.0.0.1:%d" % port
+    url = f"http://127.0.0.1:{port:d}"
     proc = start_server(tmp_path, port)
     try:
         wait_health(url, proc, tmp_path / "server.log")
-        results: List[Dict[str, Any]] = [{} for _ in range(STREAMS)]
+        results: list[dict[str, Any]] = [{} for _ in range(STREAMS)]
         threads = [threading.Thread(target=stream, args=(url, TOKENS, r)) for r in results]
         for thread in threads:
             thread.start()
         # In flight: the server took every request and the first one is streaming tokens.
         deadline = time.monotonic() + 60
         while not (any(r.get("first") for r in results) and received(tmp_path) >= STREAMS):
-            assert time.monotonic() < deadline, "the streams never started: %s" % results
+            assert time.monotonic() < deadline, f"the streams never started: {results}"
             time.sleep(0.05)
-        assert not any(r.get("ended") for r in results), "a stream ended before the signal: %s" % results
+        assert not any(r.get("ended") for r in results), f"a stream ended before the signal: {results}"
         signalled = time.monotonic()
         send(proc)
         refused_at = None
@@ -134,23 +140,38 @@ def signal_during_streams(tmp_path: Path, send) -> Dict[str, Any]:
         except subprocess.TimeoutExpired:
             returncode = None
         exited = time.monotonic()
-        return {"streams": results, "signalled": signalled, "refused_at": refused_at,
-                "returncode": returncode, "exit_s": exited - signalled,
-                "exit_after_last_s": exited - max(r.get("ended", exited) for r in results),
-                "log": (tmp_path / "server.log").read_text(errors="replace")}
+        return {
+            "streams": results,
+            "signalled": signalled,
+            "refused_at": refused_at,
+            "returncode": returncode,
+            "exit_s": exited - signalled,
+            "exit_after_last_s": exited - max(r.get("ended", exited) for r in results),
+            "log": (tmp_path / "server.log").read_text(errors="replace"),
+        }
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
 
 
-def summary(run: Dict[str, Any]) -> str:
+def summary(run: dict[str, Any]) -> str:
     """The streams and the exit, for a failure message and the test log."""
-    rows = ["stream %d: %s tokens, finish %s, error %s, last token %.2f s after the signal" % (
-        i, (r.get("usage") or {}).get("completion_tokens"), r.get("finish"), r.get("error"),
-        (r["last"] - run["signalled"]) if r.get("last") else float("nan")) for i, r in enumerate(run["streams"])]
-    rows.append("exit %s, %.2f s after the signal, %.2f s after the last stream ended" % (
-        run["returncode"], run["exit_s"], run["exit_after_last_s"]))
+    rows = [
+        "stream {:d}: {} tokens, finish {}, error {}, last token {:.2f} s after the signal".format(
+            i,
+            (r.get("usage") or {}).get("completion_tokens"),
+            r.get("finish"),
+            r.get("error"),
+            (r["last"] - run["signalled"]) if r.get("last") else float("nan"),
+        )
+        for i, r in enumerate(run["streams"])
+    ]
+    rows.append(
+        "exit {}, {:.2f} s after the signal, {:.2f} s after the last stream ended".format(
+            run["returncode"], run["exit_s"], run["exit_after_last_s"]
+        )
+    )
     return "\n".join(rows) + "\n--- server log ---\n" + run["log"][-2000:]
 
 
@@ -181,29 +202,47 @@ def test_sigkill_cuts_the_streams_which_is_what_the_drain_avoids(tmp_path):
 def render_unit(tmp_path: Path, **extra: Any) -> str:
     """Render the role's unit template with its defaults and vars (and ``extra``) on localhost."""
     variables = {
-        "inference_server_plan": {"argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
-                                  "env": {"HF_HOME": "/var/cache/inference-server/huggingface"}, "notes": []},
-        "model_sync_model_dir": "/srv/models/m/revisions/r1", "inference_server_engine": "transformers",
+        "inference_server_plan": {
+            "argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
+            "env": {"HF_HOME": "/var/cache/inference-server/huggingface"},
+            "notes": [],
+        },
+        "model_sync_model_dir": "/srv/models/m/revisions/r1",
+        "inference_server_engine": "transformers",
         **extra,
     }
-    play = [{"hosts": "localhost", "gather_facts": False,
-             "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-             "tasks": [{"name": "Render the unit", "ansible.builtin.template": {
-                 "src": str(ROLE / "templates" / "inference-server.service.j2"), "dest": str(tmp_path / "unit"),
-                 "mode": "0644"}}]}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+            "tasks": [
+                {
+                    "name": "Render the unit",
+                    "ansible.builtin.template": {
+                        "src": str(ROLE / "templates" / "inference-server.service.j2"),
+                        "dest": str(tmp_path / "unit"),
+                        "mode": "0644",
+                    },
+                }
+            ],
+        }
+    ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
+    # fmt: off
     (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"),
-               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
-               PATH=f"{BIN}:{os.environ['PATH']}")
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
                            str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    # fmt: on
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return (tmp_path / "unit").read_text()
 
 
-def directives(unit: str, name: str) -> List[str]:
+def directives(unit: str, name: str) -> list[str]:
     """The values of every ``name=`` line of the unit."""
     return [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith(name + "=")]
 
@@ -221,23 +260,54 @@ def test_the_unit_signals_the_main_process_and_waits_the_drain_bound(tmp_path, d
 
 def test_the_converged_fingerprint_follows_the_drain_bound(tmp_path):
     """A documented variable of inference_server: changing it leaves the fast path."""
+
     def fingerprint(value: int) -> dict:
-        play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
-            {"name": "Fingerprint", "converged_fingerprint": {
-                "roles_dir": str(REPO / "roles"), "roles": ["inference_server"], "paths": [], "facts": {}},
-             "register": "fp"},
-            {"name": "Show", "ansible.builtin.debug": {"var": "fp.fingerprint"}}]}]
+        play = [
+            {
+                "hosts": "localhost",
+                "gather_facts": False,
+                "tasks": [
+                    {
+                        "name": "Fingerprint",
+                        "converged_fingerprint": {
+                            "roles_dir": str(REPO / "roles"),
+                            "roles": ["inference_server"],
+                            "paths": [],
+                            "facts": {},
+                        },
+                        "register": "fp",
+                    },
+                    {"name": "Show", "ansible.builtin.debug": {"var": "fp.fingerprint"}},
+                ],
+            }
+        ]
+        # fmt: off
         (tmp_path / "fp.yml").write_text(json.dumps(play))
         env = dict(os.environ, ANSIBLE_ACTION_PLUGINS=str(REPO / "roles/converged/action_plugins"),
                    ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
                    ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
                    PATH=f"{BIN}:{os.environ['PATH']}")
-        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                               "-e", f"ansible_python_interpreter={sys.executable}",
-                               "-e", json.dumps({"inference_server_drain_timeout_s": value}), str(tmp_path / "fp.yml")],
-                              capture_output=True, text=True, env=env, cwd=tmp_path)
+        # fmt: on
+        proc = subprocess.run(
+            [
+                str(BIN / "ansible-playbook"),
+                "-i",
+                "localhost,",
+                "-c",
+                "local",
+                "-e",
+                f"ansible_python_interpreter={sys.executable}",
+                "-e",
+                json.dumps({"inference_server_drain_timeout_s": value}),
+                str(tmp_path / "fp.yml"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        tasks = json.loads(proc.stdout[proc.stdout.index("{"):])["plays"][0]["tasks"]
+        tasks = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"]
         return tasks[-1]["hosts"]["localhost"]["fp.fingerprint"]
 
     first, second = fingerprint(120), fingerprint(300)

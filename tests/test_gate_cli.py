@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import CLI, fake_server  # noqa: E402,F401 - fixture used by name
+from test_gate_support import CLI  # noqa: E402 - imported after the sys.path insert
 
 FAST = [
     "--warmup",
@@ -77,7 +77,7 @@ def test_text_mode_prints_the_summary_and_evidence(fake_server):
     proc = run_cli("--url", server.url, *FAST, "--ready-timeout", "1")
     assert proc.returncode == 1
     first = proc.stdout.splitlines()[0]
-    assert first.startswith("gate FAIL (warming): server at %s not ready after 1 s" % server.url)
+    assert first.startswith(f"gate FAIL (warming): server at {server.url} not ready after 1 s")
 
 
 def test_progress_goes_to_stderr_not_stdout(fake_server):

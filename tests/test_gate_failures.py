@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import (  # noqa: E402,F401 - fixtures are used by name
+from test_gate_support import (  # noqa: E402 - imported after the sys.path insert
     FakeLLMServer,
     base_options,
-    fake_server,
     free_port,
     later,
     llm_gate,
@@ -149,7 +148,7 @@ def test_503_forever_fails_at_the_deadline_saying_warming_up(fake_server):
 
 def test_connection_refused_is_still_loading_until_the_deadline():
     port = free_port()
-    report = llm_gate.run_gate(base_options("http://127.0.0.1:%d" % port, ready_timeout_s=1.5))
+    report = llm_gate.run_gate(base_options(f"http://127.0.0.1:{port:d}", ready_timeout_s=1.5))
     assert not report["passed"] and report["phase"] == "loading"
     assert "still loading (connection refused) for" in report["reasons"][0]
 
@@ -164,7 +163,7 @@ def test_loading_then_warming_then_ready_is_followed_through():
 
     later(1.0, start)
     try:
-        report = llm_gate.run_gate(base_options("http://127.0.0.1:%d" % port, ready_timeout_s=20))
+        report = llm_gate.run_gate(base_options(f"http://127.0.0.1:{port:d}", ready_timeout_s=20))
     finally:
         holder["server"].close()
     assert report["passed"], report["reasons"]

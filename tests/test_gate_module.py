@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import CONTROLLER_BIN, REPO, ROLE, fake_server, llm_gate  # noqa: E402,F401
+from test_gate_support import CONTROLLER_BIN, REPO, ROLE, llm_gate  # noqa: E402 - imported after the sys.path insert
 
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
@@ -28,7 +28,7 @@ def tool(name: str) -> str:
     path = CONTROLLER_BIN / name
     found = str(path) if path.exists() else shutil.which(name)
     if not found:
-        pytest.fail("%s not found next to %s nor on PATH: run `make setup`" % (name, sys.executable))
+        pytest.fail(f"{name} not found next to {sys.executable} nor on PATH: run `make setup`")
     return found
 
 
@@ -61,7 +61,7 @@ def run_module(args: dict, check: bool = False) -> dict:
         "-a",
         json.dumps(args),
         "-e",
-        "ansible_python_interpreter=%s" % SYSTEM_PYTHON,
+        f"ansible_python_interpreter={SYSTEM_PYTHON}",
     ]
     if check:
         argv.append("--check")
@@ -69,7 +69,7 @@ def run_module(args: dict, check: bool = False) -> dict:
     try:
         out = json.loads(proc.stdout[proc.stdout.index("{") :])
     except ValueError:
-        pytest.fail("ansible gave no JSON: rc %d\n%s\n%s" % (proc.returncode, proc.stdout, proc.stderr))
+        pytest.fail(f"ansible gave no JSON: rc {proc.returncode:d}\n{proc.stdout}\n{proc.stderr}")
     return out["plays"][0]["tasks"][0]["hosts"]["localhost"]
 
 
@@ -147,7 +147,7 @@ def test_the_role_passes_every_gate_variable_to_the_module():
             assert name in gate  # the role writes the textfile itself, from the module's report
             continue
         assert option in spec, name
-        assert "%s:" % option in gate and name in gate, name
+        assert f"{option}:" in gate and name in gate, name
 
 
 def test_module_pass_is_unchanged_and_stores_the_report(fake_server, tmp_path):
@@ -225,14 +225,30 @@ def test_module_in_check_mode_measures_but_writes_nothing(fake_server, tmp_path)
 def test_module_relative_gate_fails_a_slower_changed_unit(fake_server, tmp_path):
     """The baseline a passing report leaves, passed back through Ansible's argument spec."""
     server = fake_server()
-    args = {"url": server.url, "warmup_requests": 0, "requests": 2, "max_tokens": 16, "poll_interval_s": 0.2,
-            "min_decode_tps": 1, "report_dir": str(tmp_path / "gate"), "metadata": {"unit_sha256": "new"}}
+    args = {
+        "url": server.url,
+        "warmup_requests": 0,
+        "requests": 2,
+        "max_tokens": 16,
+        "poll_interval_s": 0.2,
+        "min_decode_tps": 1,
+        "report_dir": str(tmp_path / "gate"),
+        "metadata": {"unit_sha256": "new"},
+    }
     first = run_module(args)
     assert first["passed"] is True, first.get("msg")
-    baseline = dict({
-        "unit_sha256": "old", "requests": 2, "concurrency": 1, "max_tokens": 16,
-        "prompts": first["report"]["settings"]["prompts"], "ttft_p95_s": None, "accept_length": None,
-        "decode_tps_mean": first["report"]["aggregate"]["decode_tps_mean"] * 3})
+    baseline = dict(
+        {
+            "unit_sha256": "old",
+            "requests": 2,
+            "concurrency": 1,
+            "max_tokens": 16,
+            "prompts": first["report"]["settings"]["prompts"],
+            "ttft_p95_s": None,
+            "accept_length": None,
+            "decode_tps_mean": first["report"]["aggregate"]["decode_tps_mean"] * 3,
+        }
+    )
     out = run_module(dict(args, baseline=baseline, max_regression_pct=10))
     assert out["failed"] is True
     assert "below the last-known-good's" in out["msg"] and "(max_regression_pct 10)" in out["msg"]

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import CLI, REPO, free_port, llm_gate  # noqa: E402
 from test_gate_module import SYSTEM_PYTHON, ansible_env, tool  # noqa: E402
+from test_gate_support import CLI, REPO, free_port  # noqa: E402
 
 CACHE = Path(os.environ.get("DEPLOY_CACHE_DIR") or REPO / ".cache")
 SERVE = CACHE / "venvs" / "transformers-cpu" / "bin" / "transformers"
@@ -35,8 +35,8 @@ def start_server(tmp: Path, port: int) -> subprocess.Popen:
     missing = [str(p) for p in (SERVE, MODEL / "config.json") if not p.exists()]
     if missing:
         pytest.fail(
-            "rehearsal server not available: %s missing. Run `make tools-venv model` or set "
-            "DEPLOY_CACHE_DIR to a cache that has them." % ", ".join(missing)
+            "rehearsal server not available: {} missing. Run `make tools-venv model` or set "
+            "DEPLOY_CACHE_DIR to a cache that has them.".format(", ".join(missing))
         )
     (tmp / "hf" / "hub").mkdir(parents=True, exist_ok=True)
     env = dict(
@@ -71,7 +71,7 @@ def wait_health(url: str, proc: subprocess.Popen, log: Path, timeout: float = 18
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail("transformers serve exited %s:\n%s" % (proc.returncode, log.read_text()[-3000:]))
+            pytest.fail(f"transformers serve exited {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as resp:
                 if resp.status == 200:
@@ -79,7 +79,7 @@ def wait_health(url: str, proc: subprocess.Popen, log: Path, timeout: float = 18
         except OSError:
             pass
         time.sleep(0.5)
-    pytest.fail("transformers serve not healthy after %d s:\n%s" % (timeout, log.read_text()[-3000:]))
+    pytest.fail(f"transformers serve not healthy after {int(timeout):d} s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def rehearsal_server():
     tmp = Path(tempfile.mkdtemp(prefix="gate-rehearsal-"))
     port = free_port()
     proc = start_server(tmp, port)
-    url = "http://127.0.0.1:%d" % port
+    url = f"http://127.0.0.1:{port:d}"
     try:
         wait_health(url, proc, tmp / "server.log")
         yield {"url": url, "proc": proc, "log": tmp / "server.log", "model": str(MODEL)}
@@ -242,7 +242,7 @@ def test_a_real_server_killed_while_loading_fails_the_gate_within_seconds(tmp_pa
                 SYSTEM_PYTHON,
                 str(CLI),
                 "--url",
-                "http://127.0.0.1:%d" % port,
+                f"http://127.0.0.1:{port:d}",
                 "--pid",
                 str(server.pid),
                 "--log",
@@ -269,5 +269,5 @@ def test_a_real_server_killed_while_loading_fails_the_gate_within_seconds(tmp_pa
     assert gate.returncode == 1, out + err
     report = json.loads(out)
     assert report["phase"] == "loading"
-    assert report["reasons"][0].startswith("process %d exited" % server.pid)
-    assert detected < 3.0, "crash noticed after %.1f s" % detected
+    assert report["reasons"][0].startswith(f"process {server.pid:d} exited")
+    assert detected < 3.0, f"crash noticed after {detected:.1f} s"

@@ -13,9 +13,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, List, Optional
-
-import pytest
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 ROLE = REPO / "roles" / "health_gate"
@@ -37,13 +35,13 @@ def free_port() -> int:
 def chunk(obj: Any) -> bytes:
     """One SSE event."""
     data = obj if isinstance(obj, str) else json.dumps(obj)
-    return ("data: %s\n\n" % data).encode()
+    return (f"data: {data}\n\n").encode()
 
 
-def content_chunk(text: str, finish: Optional[str] = None, usage: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+def content_chunk(text: str, finish: str | None = None, usage: dict[str, int] | None = None) -> dict[str, Any]:
     """A chat.completion.chunk carrying ``text``."""
     delta = {"content": text} if text else {}
-    out: Dict[str, Any] = {
+    out: dict[str, Any] = {
         "object": "chat.completion.chunk",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
     }
@@ -52,7 +50,7 @@ def content_chunk(text: str, finish: Optional[str] = None, usage: Optional[Dict[
     return out
 
 
-class FakeLLMServer(object):
+class FakeLLMServer:
     """A threaded HTTP server whose answers are set per test through ``scenario``.
 
     scenario keys: ``api_key`` (refuse all but /health and /metrics without this Bearer token,
@@ -64,7 +62,7 @@ class FakeLLMServer(object):
     """
 
     def __init__(self, port: int = 0, **scenario: Any) -> None:
-        self.scenario: Dict[str, Any] = {
+        self.scenario: dict[str, Any] = {
             "health": 200,
             "models": ["fake-model"],
             "server_info": None,
@@ -72,7 +70,7 @@ class FakeLLMServer(object):
             "chat": {"mode": "ok", "chunks": 11, "tokens_per_chunk": 1, "ttft": 0.05, "gap": 0.01, "done": True},
         }
         self.scenario.update(scenario)
-        self.requests: List[Dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
         self.stop_event = threading.Event()
         server = self
 
@@ -90,7 +88,7 @@ class FakeLLMServer(object):
                 self.end_headers()
                 self.wfile.write(body)
 
-            def _record(self, body: Optional[Dict[str, Any]] = None) -> None:
+            def _record(self, body: dict[str, Any] | None = None) -> None:
                 server.requests.append(
                     {"path": self.path, "method": self.command, "headers": dict(self.headers), "body": body}
                 )
@@ -100,7 +98,7 @@ class FakeLLMServer(object):
                 key = server.scenario.get("api_key")
                 if not key or self.path.startswith(("/health", "/metrics")):
                     return False
-                if self.headers.get("Authorization") == "Bearer %s" % key:
+                if self.headers.get("Authorization") == f"Bearer {key}":
                     return False
                 self._json(401, {"error": "Unauthorized"})
                 return True
@@ -143,7 +141,7 @@ class FakeLLMServer(object):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            def _chat(self, c: Dict[str, Any], body: Dict[str, Any]) -> None:
+            def _chat(self, c: dict[str, Any], body: dict[str, Any]) -> None:
                 mode = c.get("mode", "ok")
                 if mode == "http_error":
                     payload = (c.get("body") or "boom").encode()
@@ -196,10 +194,10 @@ class FakeLLMServer(object):
 
         self.httpd = Server(("127.0.0.1", port), Handler)
         self.port = self.httpd.server_address[1]
-        self.url = "http://127.0.0.1:%d" % self.port
+        self.url = f"http://127.0.0.1:{self.port:d}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
-    def start(self) -> "FakeLLMServer":
+    def start(self) -> FakeLLMServer:
         """Serve in a background thread."""
         self.thread.start()
         return self
@@ -210,24 +208,9 @@ class FakeLLMServer(object):
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def chat_requests(self) -> List[Dict[str, Any]]:
+    def chat_requests(self) -> list[dict[str, Any]]:
         """Bodies and headers of the chat completions received."""
         return [r for r in self.requests if r["path"] == "/v1/chat/completions"]
-
-
-@pytest.fixture
-def fake_server():
-    """Factory: ``fake_server(**scenario)`` returns a started :class:`FakeLLMServer`."""
-    servers: List[FakeLLMServer] = []
-
-    def make(**scenario: Any) -> FakeLLMServer:
-        server = FakeLLMServer(**scenario).start()
-        servers.append(server)
-        return server
-
-    yield make
-    for server in servers:
-        server.close()
 
 
 FAKE_SYSTEMCTL = r'''#!%(python)s
@@ -261,7 +244,7 @@ sys.stdout.write("".join(line + "\n" for line in lines))
 '''
 
 
-class FakeSystemd(object):
+class FakeSystemd:
     """Fake ``systemctl``/``journalctl`` on PATH, driven by files the test rewrites."""
 
     def __init__(self, root: Path) -> None:
@@ -293,23 +276,14 @@ class FakeSystemd(object):
         tmp.write_text(json.dumps(state))
         os.replace(tmp, self.root / "state.json")
 
-    def set_journal(self, invocation: str, lines: List[str]) -> None:
+    def set_journal(self, invocation: str, lines: list[str]) -> None:
         """The journal of one invocation."""
-        (self.root / ("journal-%s.txt" % invocation)).write_text("".join(line + "\n" for line in lines))
+        (self.root / (f"journal-{invocation}.txt")).write_text("".join(line + "\n" for line in lines))
 
-    def calls(self) -> List[str]:
+    def calls(self) -> list[str]:
         """Command lines the fakes were called with."""
         path = self.root / "calls.log"
         return path.read_text().splitlines() if path.exists() else []
-
-
-@pytest.fixture
-def fake_systemd(tmp_path, monkeypatch):
-    """Fake systemd tools first on PATH (only for this test)."""
-    fake = FakeSystemd(tmp_path / "systemd")
-    monkeypatch.setenv("FAKE_SYSTEMD", str(fake.root))
-    monkeypatch.setenv("PATH", "%s:%s" % (fake.bin, os.environ.get("PATH", "")))
-    return fake
 
 
 def later(seconds: float, fn, *args: Any, **kwargs: Any) -> threading.Timer:
@@ -320,9 +294,9 @@ def later(seconds: float, fn, *args: Any, **kwargs: Any) -> threading.Timer:
     return timer
 
 
-def base_options(url: str, **extra: Any) -> Dict[str, Any]:
+def base_options(url: str, **extra: Any) -> dict[str, Any]:
     """Small, fast gate options for tests."""
-    opts: Dict[str, Any] = {
+    opts: dict[str, Any] = {
         "url": url,
         "ready_timeout_s": 10,
         "poll_interval_s": 0.2,

@@ -14,10 +14,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import (  # noqa: E402,F401 - fixtures are used by name
+from test_gate_support import (  # noqa: E402 - imported after the sys.path insert
     base_options,
-    fake_server,
-    fake_systemd,
     free_port,
     later,
     llm_gate,
@@ -30,7 +28,7 @@ TRACEBACK = (
         '  File "/root/ml-env/lib/python3.12/site-packages/sglang/launch_server.py", line 11, in <module>',
         "    server_args = prepare_server_args(sys.argv[1:])",
     ]
-    + [line for i in range(40) for line in ('  File "/x/server_args.py", line %d, in f%d' % (i, i), "    call()")]
+    + [line for i in range(40) for line in (f'  File "/x/server_args.py", line {i:d}, in f{i:d}', "    call()")]
     + [
         "ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix "
         "cache when using --mamba-scheduler-strategy no_buffer.",
@@ -42,7 +40,7 @@ JOURNAL = (
         "Started inference-server.service - LLM inference server.",
         "UserWarning: python -m sglang.launch_server is still supported, sglang serve is recommended",
     ]
-    + ["[2026-11-29 18:46:%02d] loading step %d" % (i % 60, i) for i in range(120)]
+    + [f"[2026-11-29 18:46:{i % 60:02d}] loading step {i:d}" for i in range(120)]
     + TRACEBACK
     + [
         "inference-server.service: Main process exited, code=exited, status=1/FAILURE",
@@ -52,7 +50,7 @@ JOURNAL = (
 
 
 def refused_url() -> str:
-    return "http://127.0.0.1:%d" % free_port()
+    return f"http://127.0.0.1:{free_port():d}"
 
 
 def test_unit_failing_while_loading_fails_at_once_with_the_whole_traceback(fake_systemd):
@@ -73,7 +71,7 @@ def test_unit_failing_while_loading_fails_at_once_with_the_whole_traceback(fake_
     assert report["phase"] == "loading"
     reason = report["reasons"][0]
     assert reason.startswith(
-        "unit inference-server.service failed (failed/failed, result exit-code, " "main process exited with status 1)"
+        "unit inference-server.service failed (failed/failed, result exit-code, main process exited with status 1)"
     )
     assert "while the server was loading" in reason
     assert reason.endswith(
@@ -91,7 +89,7 @@ def test_unit_failing_while_loading_fails_at_once_with_the_whole_traceback(fake_
     message = llm_gate.failure_message(report)
     assert message.splitlines()[0].startswith("gate FAIL (loading): unit inference-server.service failed")
     assert "Traceback (most recent call last):" in message
-    assert "--- journalctl _SYSTEMD_INVOCATION_ID=inv-one (%d lines) ---" % len(JOURNAL) in message
+    assert f"--- journalctl _SYSTEMD_INVOCATION_ID=inv-one ({len(JOURNAL):d} lines) ---" in message
 
 
 def test_a_restart_by_systemd_fails_and_quotes_the_crashed_start(fake_systemd):
@@ -179,7 +177,7 @@ def test_unit_dying_mid_measurement_fails_at_once(fake_systemd, fake_server):
 
 
 def test_a_long_journal_is_capped_and_says_so(fake_systemd):
-    lines = ["noise %d" % i for i in range(5000)] + TRACEBACK
+    lines = [f"noise {i:d}" for i in range(5000)] + TRACEBACK
     fake_systemd.set_journal("inv-one", lines)
     later(
         0.5,
@@ -219,7 +217,7 @@ def test_pid_watch_fails_at_once_when_the_process_dies(tmp_path):
         proc.kill()
         proc.wait()
     assert not report["passed"] and took < 3
-    assert report["reasons"][0].startswith("process %d exited" % proc.pid)
+    assert report["reasons"][0].startswith(f"process {proc.pid:d} exited")
     assert report["evidence"]["exception"] == "KeyError: 'layers'"
     assert report["evidence"]["log_source"] == str(log)
 

@@ -8,6 +8,7 @@ prove that smg registers ``transformers serve`` (runtime ``generic``, model id a
 given), routes the alias to it, stops routing to a removed worker while its streams run to
 their end, and that the drain wait sees those streams through their connections.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,9 +20,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 
@@ -63,6 +64,7 @@ def free_port() -> int:
 # Unit tests
 # --------------------------------------------------------------------------------------
 
+
 def test_launcher_moves_the_key_from_the_environment_into_smg_argv_only_in_process():
     environ = {"SMG_CONTROL_PLANE_API_KEY": KEY, "PATH": "/bin"}
     argv = launcher.router_argv(["--port", "30000"], environ)
@@ -88,22 +90,27 @@ def test_key_file_is_read_and_its_absence_named(tmp_path):
 
 def test_worker_spec_names_runtime_model_and_alias():
     spec = smg_api.worker_spec("http://h:8000/", "generic", "/srv/models/m/revisions/r1", ["m", ""])
-    assert spec == {"url": "http://h:8000/", "runtime_type": "generic",
-                    "models": [{"id": "/srv/models/m/revisions/r1", "aliases": ["m"]}]}
+    assert spec == {
+        "url": "http://h:8000/",
+        "runtime_type": "generic",
+        "models": [{"id": "/srv/models/m/revisions/r1", "aliases": ["m"]}],
+    }
     listed = {"runtime_type": "generic", "models": [{"id": "/srv/models/m/revisions/r1", "aliases": ["m"]}]}
     assert smg_api.matches(listed, spec)
     assert not smg_api.matches(dict(listed, models=[{"id": "/srv/models/m/revisions/r0", "aliases": ["m"]}]), spec)
 
 
 def test_metrics_count_sums_sglang_running_and_queued_requests():
-    text = "\n".join([
-        "# HELP sglang:num_running_reqs The number of running requests.",
-        "# TYPE sglang:num_running_reqs gauge",
-        'sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0"} 3.0',
-        'sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="1"} 1.0',
-        'sglang:num_queue_reqs{model_name="m"} 2.0',
-        'sglang:num_used_tokens{model_name="m"} 900.0',
-    ])
+    text = "\n".join(
+        [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            "# TYPE sglang:num_running_reqs gauge",
+            'sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0"} 3.0',
+            'sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="1"} 1.0',
+            'sglang:num_queue_reqs{model_name="m"} 2.0',
+            'sglang:num_used_tokens{model_name="m"} 900.0',
+        ]
+    )
     assert inflight_wait.metrics_count(text, ["sglang:num_running_reqs", "sglang:num_queue_reqs"]) == 6
     assert inflight_wait.metrics_count("", ["sglang:num_running_reqs"]) == 0
 
@@ -129,7 +136,8 @@ def test_connections_count_sees_an_established_connection_until_it_closes():
 
 needs_programs = pytest.mark.skipif(
     not (SMG_PYTHON.exists() and TRANSFORMERS.exists() and (MODEL / "config.json").exists()),
-    reason="needs make gateway-venv, make tools-venv and make model")
+    reason="needs make gateway-venv, make tools-venv and make model",
+)
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
@@ -153,8 +161,12 @@ def engine(tmp_path_factory) -> Iterator[str]:
     port = free_port()
     home = tmp_path_factory.mktemp("hf")
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HOME=str(home), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([str(TRANSFORMERS), "serve", "--host", "127.0.0.1", "--port", str(port), "--device",
-                             "cpu", str(MODEL)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(TRANSFORMERS), "serve", "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", str(MODEL)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 180, proc)
         yield f"http://127.0.0.1:{port}"
@@ -173,10 +185,27 @@ def gateway(tmp_path_factory) -> Iterator[SimpleNamespace]:
     log = state / "smg.log"
     env = dict(os.environ, SMG_CONTROL_PLANE_API_KEY=KEY)
     with log.open("w") as out:
-        proc = subprocess.Popen([str(SMG_PYTHON), str(ROLE / "files" / "smg-launch.py"), "--host", "127.0.0.1",
-                                 "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                                 str(metrics), "--policy", "round_robin", "--health-check-interval-secs", "5"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                str(SMG_PYTHON),
+                str(ROLE / "files" / "smg-launch.py"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(metrics),
+                "--policy",
+                "round_robin",
+                "--health-check-interval-secs",
+                "5",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_http(f"http://127.0.0.1:{port}/liveness", 60, proc)
         yield SimpleNamespace(url=f"http://127.0.0.1:{port}", key_file=str(key_file), log=log, proc=proc)
@@ -187,19 +216,35 @@ def gateway(tmp_path_factory) -> Iterator[SimpleNamespace]:
 
 def module_params(gateway: SimpleNamespace, url: str, **kw) -> SimpleNamespace:
     """A stand-in for AnsibleModule carrying smg_worker's parameters."""
-    params = {"gateway_url": gateway.url, "key_file": gateway.key_file, "url": url, "state": "present",
-              "runtime_type": "generic", "model_id": str(MODEL), "model_aliases": ["tiny-qwen3.5"],
-              "timeout_s": 60.0, "interval_s": 0.5}
+    params = {
+        "gateway_url": gateway.url,
+        "key_file": gateway.key_file,
+        "url": url,
+        "state": "present",
+        "runtime_type": "generic",
+        "model_id": str(MODEL),
+        "model_aliases": ["tiny-qwen3.5"],
+        "timeout_s": 60.0,
+        "interval_s": 0.5,
+    }
     params.update(kw)
     return SimpleNamespace(params=params, check_mode=False)
 
 
 def stream(url: str, max_tokens: int) -> dict:
     """One streaming chat completion of the alias through ``url``: chunks and whether it finished."""
-    body = json.dumps({"model": "tiny-qwen3.5", "stream": True, "max_tokens": max_tokens, "temperature": 1.0,
-                       "messages": [{"role": "user", "content": "Tell me a long story."}]}).encode()
-    request = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "model": "tiny-qwen3.5",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+        }
+    ).encode()
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     chunks, finished = 0, False
     with urllib.request.urlopen(request, timeout=120) as response:
         for raw in response:
@@ -249,8 +294,17 @@ def test_removed_worker_gets_no_new_request_and_its_streams_end_whole(gateway, e
     # A new request finds no worker: the gateway no longer routes to the host.
     with pytest.raises(urllib.error.HTTPError):
         stream(gateway.url, 4)
-    drained = inflight_wait.run({"source": "connections", "port": port, "metrics_url": "", "metrics": [],
-                                 "timeout_s": 120.0, "interval_s": 0.5, "settle": 2})
+    drained = inflight_wait.run(
+        {
+            "source": "connections",
+            "port": port,
+            "metrics_url": "",
+            "metrics": [],
+            "timeout_s": 120.0,
+            "interval_s": 0.5,
+            "settle": 2,
+        }
+    )
     for client in clients:
         client.join(120)
     assert not drained["timed_out"], drained

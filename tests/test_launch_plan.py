@@ -4,6 +4,7 @@ The plan for the real Qwen3.6-27B config.json on ct129 (2x RTX A6000 48 GB) must
 working launch of the origin story; every rule of docs/launch-plan.md refuses its bad
 input with its own one-sentence message.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,24 +23,38 @@ pytest_plugins = ["conftest_launch_plan"]
 
 CACHE = "/var/cache/inference-server"
 CT129_ARGV = [
-    "/root/ml-env.d/0123456789ab/bin/sglang", "serve",
-    "--model-path", "/root/models/Qwen3.6-27B",
-    "--host", "0.0.0.0",
-    "--port", "30000",
-    "--tensor-parallel-size", "2",
-    "--dtype", "bfloat16",
+    "/root/ml-env.d/0123456789ab/bin/sglang",
+    "serve",
+    "--model-path",
+    "/root/models/Qwen3.6-27B",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "30000",
+    "--tensor-parallel-size",
+    "2",
+    "--dtype",
+    "bfloat16",
     "--trust-remote-code",
     # Set by the memory budget (tests/test_launch_plan_budget.py): the KV cache of 4 running requests
     # (target_concurrency) holds 119495 tokens per GPU, SGLang's own fraction for a 48 GB GPU.
-    "--context-length", "118784",
-    "--mem-fraction-static", "0.717",
-    "--max-running-requests", "4",
+    "--context-length",
+    "118784",
+    "--mem-fraction-static",
+    "0.717",
+    "--max-running-requests",
+    "4",
     "--enable-metrics",
-    "--speculative-algorithm", "NEXTN",
-    "--speculative-num-steps", "3",
-    "--speculative-eagle-topk", "1",
-    "--speculative-num-draft-tokens", "4",
-    "--mamba-scheduler-strategy", "extra_buffer",
+    "--speculative-algorithm",
+    "NEXTN",
+    "--speculative-num-steps",
+    "3",
+    "--speculative-eagle-topk",
+    "1",
+    "--speculative-num-draft-tokens",
+    "4",
+    "--mamba-scheduler-strategy",
+    "extra_buffer",
 ]
 CT129_ENV = {
     "CUDA_CACHE_PATH": f"{CACHE}/nv-compute",
@@ -87,8 +102,11 @@ def test_plan_is_deterministic(launch_plan, qwen_config, ct129_kwargs):
 
 
 def test_defaults_fill_steps_topk_draft_with_3_1_4(launch_plan, qwen_config, ct129_kwargs):
-    settings = {k: v for k, v in ct129_kwargs["settings"].items() if not k.startswith("speculative_num")
-                and k != "speculative_eagle_topk"}
+    settings = {
+        k: v
+        for k, v in ct129_kwargs["settings"].items()
+        if not k.startswith("speculative_num") and k != "speculative_eagle_topk"
+    }
     plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, settings=settings))
     assert plan["argv"] == CT129_ARGV
     assert any("SGLang's own choice 3/1/4" in note for note in plan["notes"])
@@ -123,12 +141,24 @@ def test_sglang_before_0_5_5_uses_launch_server(launch_plan, qwen_config, ct129_
 
 
 def test_overrides_add_replace_and_remove_flags(launch_plan, qwen_config, ct129_kwargs):
-    overrides = {"--mem-fraction-static": 0.75, "--tp-size": 2, "--enable-metrics": None,
-                 "--trust-remote-code": None, "--context-length": "64Ki", "--reasoning-parser": "qwen3"}
+    overrides = {
+        "--mem-fraction-static": 0.75,
+        "--tp-size": 2,
+        "--enable-metrics": None,
+        "--trust-remote-code": None,
+        "--context-length": "64Ki",
+        "--reasoning-parser": "qwen3",
+    }
     plan = launch_plan.build_plan(qwen_config, **dict(ct129_kwargs, overrides=overrides))
     budgeted = ["--context-length", "118784", "--mem-fraction-static", "0.717"]
     expected = [a for a in CT129_ARGV if a not in ("--trust-remote-code", "--enable-metrics", *budgeted)] + [
-        "--context-length", "64Ki", "--mem-fraction-static", "0.75", "--reasoning-parser", "qwen3"]
+        "--context-length",
+        "64Ki",
+        "--mem-fraction-static",
+        "0.75",
+        "--reasoning-parser",
+        "qwen3",
+    ]
     assert plan["argv"] == expected
 
 
@@ -143,11 +173,13 @@ def test_algorithm_in_overrides_leaves_steps_to_sglang(launch_plan, qwen_config,
     config = copy.deepcopy(qwen_config)
     config["text_config"]["layer_types"] = ["full_attention"] * 64
     settings = {"tensor_parallel_size": 2}
-    plan = launch_plan.build_plan(config, **dict(ct129_kwargs, settings=settings,
-                                                 overrides={"--speculative-algorithm": "NEXTN"}))
+    plan = launch_plan.build_plan(
+        config, **dict(ct129_kwargs, settings=settings, overrides={"--speculative-algorithm": "NEXTN"})
+    )
     assert plan["argv"][-2:] == ["--speculative-algorithm", "NEXTN"]
-    assert ("speculative decoding NEXTN: steps, top-k and draft tokens left to SGLang, which picks 3/1/4 for most "
-            "models") in plan["notes"]
+    assert (
+        "speculative decoding NEXTN: steps, top-k and draft tokens left to SGLang, which picks 3/1/4 for most models"
+    ) in plan["notes"]
 
 
 def test_disable_radix_cache_setting_keeps_no_buffer(launch_plan, qwen_config, ct129_kwargs):
@@ -190,6 +222,7 @@ def no_mtp(config: dict[str, Any]) -> dict[str, Any]:
 
 EIGHT_GPUS = [{"index": i, "name": "NVIDIA RTX A6000", "memory_mib": 49140} for i in range(8)]
 
+# fmt: off
 REFUSALS = {
     "nextn-without-mtp-head": (
         no_mtp, {},
@@ -356,6 +389,7 @@ REFUSALS = {
     "bad-port": (
         None, {"port": 70000}, "inference_server_port is 70000: use a TCP port between 1 and 65535."),
 }
+# fmt: on
 
 
 @pytest.mark.parametrize("name", sorted(REFUSALS))
@@ -392,8 +426,11 @@ def test_the_filter_raises_ansible_errors(launch_plan, qwen_config, ct129_kwargs
 
 def test_the_filter_has_one_call_site() -> None:
     """plan.yml and precheck.yml import tasks/launch_plan.yml, the one place the filter is called."""
-    calls = [path.relative_to(REPO).as_posix() for path in sorted((REPO / "roles").rglob("*.yml"))
-             if "| launch_plan(" in path.read_text()]
+    calls = [
+        path.relative_to(REPO).as_posix()
+        for path in sorted((REPO / "roles").rglob("*.yml"))
+        if "| launch_plan(" in path.read_text()
+    ]
     assert calls == ["roles/inference_server/tasks/launch_plan.yml"]
     for name in ("plan.yml", "precheck.yml"):
         tasks = load_yaml(f"roles/inference_server/tasks/{name}")
@@ -411,8 +448,12 @@ def test_every_part_of_the_plan_is_a_filter_plugin_without_filters() -> None:
         "print(module.FilterModule().filters())\n"
     )
     for part in ("launch_plan_common", "launch_plan_model", "launch_plan_sglang", "launch_plan_rehearsal"):
-        proc = subprocess.run([sys.executable, "-c", load, str(REPO / "filter_plugins" / f"{part}.py")],
-                              capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-c", load, str(REPO / "filter_plugins" / f"{part}.py")],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert (proc.returncode, proc.stdout) == (0, "{}\n"), f"{part}: {proc.stderr[-2000:]}"
 
 
@@ -424,43 +465,77 @@ def test_every_part_of_the_plan_is_a_filter_plugin_without_filters() -> None:
 @pytest.fixture()
 def rehearsal_kwargs() -> dict[str, Any]:
     group = load_yaml("group_vars/rehearsal.yml")
-    return {"engine": group["inference_server_engine"], "engine_version": "5.6.0",
-            "venv_dir": "/opt/ml-env.d/0123456789ab", "model_path": "/srv/models/tiny-qwen3.5/current",
-            "host": group["inference_server_host"], "port": group["inference_server_port"], "gpus": [],
-            "weights_bytes": None, "settings": group["inference_server_settings"], "overrides": {},
-            "cache_dir": CACHE}
+    return {
+        "engine": group["inference_server_engine"],
+        "engine_version": "5.6.0",
+        "venv_dir": "/opt/ml-env.d/0123456789ab",
+        "model_path": "/srv/models/tiny-qwen3.5/current",
+        "host": group["inference_server_host"],
+        "port": group["inference_server_port"],
+        "gpus": [],
+        "weights_bytes": None,
+        "settings": group["inference_server_settings"],
+        "overrides": {},
+        "cache_dir": CACHE,
+    }
 
 
 def test_transformers_plan_for_the_flat_tiny_model(launch_plan, tiny_config, rehearsal_kwargs):
     plan = launch_plan.build_plan(tiny_config, **rehearsal_kwargs)
+    # fmt: off
     assert plan["argv"] == ["/opt/ml-env.d/0123456789ab/bin/transformers", "serve",
                             "/srv/models/tiny-qwen3.5/current", "--host", "127.0.0.1", "--port", "8000",
                             "--device", "cpu", "--dtype", "auto"]
-    assert plan["env"] == {"HF_HOME": f"{CACHE}/huggingface", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-                           "MKL_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-                           "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor", "TRITON_CACHE_DIR": f"{CACHE}/triton",
-                           "XDG_CACHE_HOME": CACHE}
-    assert ("transformers serve ignores the model's MTP head (mtp_num_hidden_layers 1): no speculative decoding "
-            "in this profile") in plan["notes"]
+    # fmt: on
+    assert plan["env"] == {
+        "HF_HOME": f"{CACHE}/huggingface",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "MKL_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
+        "TRITON_CACHE_DIR": f"{CACHE}/triton",
+        "XDG_CACHE_HOME": CACHE,
+    }
+    assert (
+        "transformers serve ignores the model's MTP head (mtp_num_hidden_layers 1): no speculative decoding "
+        "in this profile"
+    ) in plan["notes"]
     assert flag_lines(plan["argv"])[0] == plan["argv"][:3]  # the pinned model directory stays on line one
 
 
 def test_transformers_environment_and_bare_flags(launch_plan, tiny_config, rehearsal_kwargs):
-    kwargs = dict(rehearsal_kwargs, settings={"trust_remote_code": True}, overrides={"--log-level": "info"},
-                  environment={"OMP_NUM_THREADS": 2, "HF_HUB_OFFLINE": None})
+    kwargs = dict(
+        rehearsal_kwargs,
+        settings={"trust_remote_code": True},
+        overrides={"--log-level": "info"},
+        environment={"OMP_NUM_THREADS": 2, "HF_HUB_OFFLINE": None},
+    )
     plan = launch_plan.build_plan(tiny_config, **kwargs)
-    assert plan["argv"][3:] == ["--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--trust-remote-code",
-                                "--log-level", "info"]
+    assert plan["argv"][3:] == [
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--device",
+        "cpu",
+        "--trust-remote-code",
+        "--log-level",
+        "info",
+    ]
     assert plan["env"]["OMP_NUM_THREADS"] == "2"
     assert "HF_HUB_OFFLINE" not in plan["env"]
     assert list(plan["env"]) == sorted(plan["env"])
 
 
-@pytest.mark.parametrize("threads, environment, expected", [
-    (None, {}, None),
-    (3, {}, "3"),
-    (3, {"OMP_NUM_THREADS": 2}, "2"),  # the operator's environment wins
-])
+@pytest.mark.parametrize(
+    "threads, environment, expected",
+    [
+        (None, {}, None),
+        (3, {}, "3"),
+        (3, {"OMP_NUM_THREADS": 2}, "2"),  # the operator's environment wins
+    ],
+)
 def test_transformers_cpu_threads(launch_plan, tiny_config, rehearsal_kwargs, threads, environment, expected):
     kwargs = dict(rehearsal_kwargs, settings={"device": "cpu", "cpu_threads": threads}, environment=environment)
     plan = launch_plan.build_plan(tiny_config, **kwargs)
@@ -469,20 +544,31 @@ def test_transformers_cpu_threads(launch_plan, tiny_config, rehearsal_kwargs, th
     assert any("cpu_threads" in note for note in plan["notes"]) == (threads is not None)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"settings": {"cpu_threads": 0}},
-     "inference_server_settings.cpu_threads is 0, but it must be a positive integer: correct it in the host's "
-     "group_vars or host_vars."),
-    ({"settings": {"tensor_parallel_size": 1}},
-     "inference_server_settings.tensor_parallel_size does not apply to the transformers engine: remove it from "
-     "this host's settings."),
-    ({"overrides": {"--speculative-algorithm": "NEXTN"}},
-     "inference_server_overrides['--speculative-algorithm']: transformers 5.6.0 has no flag --speculative-algorithm: "
-     "fix or remove it."),
-    ({"overrides": {"--model-timeout": "soon"}},
-     "inference_server_overrides['--model-timeout'] sets --model-timeout to 'soon', which is not an integer: give "
-     "--model-timeout an integer."),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"settings": {"cpu_threads": 0}},
+            "inference_server_settings.cpu_threads is 0, but it must be a positive integer: correct it in the host's "
+            "group_vars or host_vars.",
+        ),
+        (
+            {"settings": {"tensor_parallel_size": 1}},
+            "inference_server_settings.tensor_parallel_size does not apply to the transformers engine: remove it from "
+            "this host's settings.",
+        ),
+        (
+            {"overrides": {"--speculative-algorithm": "NEXTN"}},
+            "inference_server_overrides['--speculative-algorithm']: transformers 5.6.0 has no flag "
+            "--speculative-algorithm: fix or remove it.",
+        ),
+        (
+            {"overrides": {"--model-timeout": "soon"}},
+            "inference_server_overrides['--model-timeout'] sets --model-timeout to 'soon', which is not an "
+            "integer: give --model-timeout an integer.",
+        ),
+    ],
+)
 def test_transformers_refusals(launch_plan, tiny_config, rehearsal_kwargs, changes, message):
     with pytest.raises(launch_plan.PlanError) as err:
         launch_plan.build_plan(tiny_config, **dict(rehearsal_kwargs, **changes))
@@ -498,8 +584,9 @@ def launch_plan_tool(*args: str, cache: Path | None = None) -> subprocess.Comple
     env = dict(os.environ)
     if cache is not None:
         env["DEPLOY_CACHE_DIR"] = str(cache)
-    return subprocess.run([str(REPO / "tools" / "launch-plan"), *args], capture_output=True, text=True,
-                          env=env, check=False)
+    return subprocess.run(
+        [str(REPO / "tools" / "launch-plan"), *args], capture_output=True, text=True, env=env, check=False
+    )
 
 
 def expected_venv(ml_env_path: str, lock: str) -> str:
@@ -521,14 +608,18 @@ def test_tool_prints_the_ct129_plan(ct129):
 
 
 def test_tool_refuses_with_the_plans_sentence():
-    proc = launch_plan_tool("ct129", "-e", json.dumps({"inference_server_settings": {
-        "tensor_parallel_size": 1, "speculative_algorithm": "NEXTN"}}))
+    proc = launch_plan_tool(
+        "ct129",
+        "-e",
+        json.dumps({"inference_server_settings": {"tensor_parallel_size": 1, "speculative_algorithm": "NEXTN"}}),
+    )
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr.strip() == (
         "launch-plan: ct129: inference_server_settings.tensor_parallel_size is 1, but the weights need 51.8 GiB per "
         "GPU plus 8.0 GiB headroom (inference_server_settings.gpu_memory_headroom_gib) and each GPU has 48.0 GiB: "
-        "set it to 2.")
+        "set it to 2."
+    )
 
 
 def test_tool_usage_errors():
@@ -547,8 +638,19 @@ def test_tool_plans_the_rehearsal_host_from_the_controller_model(tmp_path):
     result = json.loads(proc.stdout)
     group = load_yaml("group_vars/rehearsal.yml")
     venv = expected_venv(group["ml_env_path"], group["ml_env_lock"])
-    assert result["plan"]["argv"] == [f"{venv}/bin/transformers", "serve", "/srv/models/tiny-qwen3.5/current",
-                                      "--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--dtype", "auto"]
+    assert result["plan"]["argv"] == [
+        f"{venv}/bin/transformers",
+        "serve",
+        "/srv/models/tiny-qwen3.5/current",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--device",
+        "cpu",
+        "--dtype",
+        "auto",
+    ]
     assert any("transformers 5.6.0" in note for note in result["plan"]["notes"])  # the lock's pin
 
 
@@ -558,4 +660,5 @@ def test_tool_says_what_is_missing_offline(tmp_path):
     assert proc.stderr.strip() == (
         f"launch-plan: sim: The model's config.json for sim is not on the controller "
         f"({tmp_path}/models/tiny-qwen3.5/config.json): set offline_plan.model_config_file in host_vars/sim.yml or "
-        "run make model.")
+        "run make model."
+    )

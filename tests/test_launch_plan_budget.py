@@ -5,6 +5,7 @@ SGLang logged its pools for Qwen3.6-27B at real size on one H200
 the budget must reproduce each figure within 5 %, refuse the launches SGLang refused, and set
 the flags of ct129's plan from the same rules.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,17 @@ def h200_launch(budget: ModuleType, run: dict[str, Any]) -> Any:
     """The Launch of one logged run: the probe's flags, the run's fraction and running requests."""
     flags = LOGGED["launch"]
     return budget.Launch(
-        gpu_memory_mib=LOGGED["gpu"]["memory_mib"], tp=flags["tensor_parallel_size"],
-        weights_bytes=LOGGED["weights_bytes"], mem_fraction_static=run["mem_fraction_static"],
-        max_running_requests=run["max_running_requests"], speculative_algorithm=flags["speculative_algorithm"],
-        draft_tokens=flags["speculative_num_draft_tokens"], extra_buffer=True,
+        gpu_memory_mib=LOGGED["gpu"]["memory_mib"],
+        tp=flags["tensor_parallel_size"],
+        weights_bytes=LOGGED["weights_bytes"],
+        mem_fraction_static=run["mem_fraction_static"],
+        max_running_requests=run["max_running_requests"],
+        speculative_algorithm=flags["speculative_algorithm"],
+        draft_tokens=flags["speculative_num_draft_tokens"],
+        extra_buffer=True,
         chunked_prefill_size=flags["overrides"]["--chunked-prefill-size"],
-        cuda_graph_max_bs=flags["overrides"]["--cuda-graph-max-bs"])
+        cuda_graph_max_bs=flags["overrides"]["--cuda-graph-max-bs"],
+    )
 
 
 def close(predicted: float, logged: float, tolerance: float = TOLERANCE) -> bool:
@@ -58,9 +64,13 @@ def close(predicted: float, logged: float, tolerance: float = TOLERANCE) -> bool
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("index", range(len(LOGGED["runs"])),
-                         ids=[f"mfs{r['mem_fraction_static'] or 'default'}-running{r['max_running_requests'] or 48}"
-                              for r in LOGGED["runs"]])
+@pytest.mark.parametrize(
+    "index",
+    range(len(LOGGED["runs"])),
+    ids=[
+        f"mfs{r['mem_fraction_static'] or 'default'}-running{r['max_running_requests'] or 48}" for r in LOGGED["runs"]
+    ],
+)
 def test_budget_reproduces_what_sglang_logged_on_one_h200(budget, geo, index):
     run = LOGGED["runs"][index]
     result = budget.compute_budget(geo, h200_launch(budget, run))
@@ -122,10 +132,12 @@ def test_default_fraction_follows_sglangs_tiers(budget, geo):
     assert budget.memory_tier(143771, 1) == (8192, 256)
     # Over 60 GiB the reserve is at least 10 GiB before the draft's 4 GiB.
     assert budget.default_mem_fraction(143771, 1, geo, None, 4096, 32, False) == pytest.approx(
-        round((143771 - 10240) / 143771, 3) * budget.vlm_factor(geo.vision))
+        round((143771 - 10240) / 143771, 3) * budget.vlm_factor(geo.vision)
+    )
     text_only = dataclasses.replace(geo, vision=None)
     assert budget.default_mem_fraction(49140, 2, text_only, "NEXTN", 4096, 32, False) == round(
-        (49140 - 11072) / 49140, 3)
+        (49140 - 11072) / 49140, 3
+    )
 
 
 def test_state_and_kv_per_gpu_halve_at_tp2(budget, geo):
@@ -137,8 +149,15 @@ def test_state_and_kv_per_gpu_halve_at_tp2(budget, geo):
 
 
 def test_pools_add_up_to_the_static_memory(budget, geo):
-    launch = budget.Launch(gpu_memory_mib=49140, tp=2, weights_bytes=LOGGED["weights_bytes"],
-                           max_running_requests=4, speculative_algorithm="NEXTN", draft_tokens=4, extra_buffer=True)
+    launch = budget.Launch(
+        gpu_memory_mib=49140,
+        tp=2,
+        weights_bytes=LOGGED["weights_bytes"],
+        max_running_requests=4,
+        speculative_algorithm="NEXTN",
+        draft_tokens=4,
+        extra_buffer=True,
+    )
     result = budget.compute_budget(geo, launch)
     used = result.weights_gib + result.verify_reserved_gib + result.mamba_gib + result.kv_gib
     assert result.static_gib - used == pytest.approx(0, abs=result.kv_bytes_per_token / GIB)
@@ -175,9 +194,11 @@ def test_ct129_settings_on_every_gpu_size(launch_plan, qwen_config, ct129_kwargs
 
 def test_more_memory_gives_more_kv_tokens(budget, geo):
     def tokens(mib: int, tp: int) -> int:
+        # fmt: off
         launch = budget.Launch(gpu_memory_mib=mib, tp=tp, weights_bytes=LOGGED["weights_bytes"],
                                mem_fraction_static=0.85, max_running_requests=4, speculative_algorithm="NEXTN",
                                draft_tokens=4, extra_buffer=True)
+        # fmt: on
         return budget.compute_budget(geo, launch).kv_tokens
 
     assert tokens(49140, 2) < tokens(81559, 2) < tokens(143771, 2)
@@ -208,7 +229,8 @@ def test_sglangs_unset_48_on_ct129_is_refused(launch_plan, qwen_config, ct129_kw
         "the weights (25.5 GiB) leave 7.9 GiB of the 33.5 GiB static pools, and the speculative verify buffers for 48 "
         "requests (13.8 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): "
         "lower inference_server_overrides['--max-running-requests'] to 7 or raise mem_fraction_static to at least "
-        "0.907.")
+        "0.907."
+    )
 
 
 BUDGET_REFUSALS = {
@@ -217,35 +239,43 @@ BUDGET_REFUSALS = {
         "inference_server_settings.target_concurrency is 8, but the memory budget per GPU (--mem-fraction-static "
         "0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 8 (the plan: "
         "inference_server_settings.target_concurrency)) holds only 7 running requests (37 mamba slots at 5 per "
-        "request): lower target_concurrency to 7 or raise mem_fraction_static to at least 0.726."),
+        "request): lower target_concurrency to 7 or raise mem_fraction_static to at least 0.726.",
+    ),
     "fraction-leaves-no-room-for-the-draft": (
         {"settings": {"mem_fraction_static": 0.95}},
         "--mem-fraction-static 0.95 (inference_server_settings.mem_fraction_static) leaves 2.0 GiB per GPU beside "
         "SGLang's pools, but the MTP draft (2.8 GiB while it loads), its KV cache (0.6 GiB) and SGLang's activation "
-        "and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower mem_fraction_static to at most 0.78."),
+        "and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower mem_fraction_static to at most 0.78.",
+    ),
     "context-beyond-the-kv-cache": (
         {"overrides": {"--context-length": 200000}},
         "inference_server_overrides['--context-length'] is 200000, but the memory budget's KV cache holds 119495 "
         "tokens per GPU, so SGLang would cut every request at 119494: lower it to at most 118784 or leave it unset "
-        "so the plan sets it."),
+        "so the plan sets it.",
+    ),
     "kv-cache-below-the-least-context": (
         {"settings": {"min_context_length": 131072}},
         "the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), "
         "--max-running-requests 4 (the plan: inference_server_settings.target_concurrency)) leaves a KV cache of "
         "119495 tokens, less than inference_server_settings.min_context_length 131072: lower target_concurrency to "
-        "1 or raise mem_fraction_static to at least 0.733 or lower min_context_length."),
+        "1 or raise mem_fraction_static to at least 0.733 or lower min_context_length.",
+    ),
     "context-below-the-least-context": (
         {"settings": {"context_length": 16384}},
         "inference_server_settings.context_length is 16384, less than inference_server_settings.min_context_length "
-        "32768: raise it or lower min_context_length."),
+        "32768: raise it or lower min_context_length.",
+    ),
 }
 
 
 @pytest.mark.parametrize("name", sorted(BUDGET_REFUSALS))
 def test_budget_refusals(launch_plan, qwen_config, ct129_kwargs, name):
     changes, message = BUDGET_REFUSALS[name]
-    kwargs = dict(ct129_kwargs, settings={**ct129_kwargs["settings"], **changes.get("settings", {})},
-                  overrides=changes.get("overrides", {}))
+    kwargs = dict(
+        ct129_kwargs,
+        settings={**ct129_kwargs["settings"], **changes.get("settings", {})},
+        overrides=changes.get("overrides", {}),
+    )
     with pytest.raises(launch_plan.PlanError) as err:
         launch_plan.build_plan(qwen_config, **kwargs)
     assert str(err.value) == message
@@ -253,8 +283,15 @@ def test_budget_refusals(launch_plan, qwen_config, ct129_kwargs, name):
 
 
 def test_explicit_values_are_kept_and_checked(launch_plan, qwen_config, ct129_kwargs):
-    kwargs = dict(ct129_kwargs, settings={**ct129_kwargs["settings"], "mem_fraction_static": 0.75,
-                                          "max_running_requests": 6, "context_length": 65536})
+    kwargs = dict(
+        ct129_kwargs,
+        settings={
+            **ct129_kwargs["settings"],
+            "mem_fraction_static": 0.75,
+            "max_running_requests": 6,
+            "context_length": 65536,
+        },
+    )
     plan = launch_plan.build_plan(qwen_config, **kwargs)
     argv = plan["argv"]
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.75"
@@ -265,11 +302,13 @@ def test_explicit_values_are_kept_and_checked(launch_plan, qwen_config, ct129_kw
 
 def test_the_memory_budget_filter(budget, qwen_config):
     filters = budget.FilterModule().filters()
+    # fmt: off
     result = filters["memory_budget"](qwen_config, gpu_memory_mib=143771, tp=1, weights_bytes=LOGGED["weights_bytes"],
                                       max_running_requests=8, mem_fraction_static=0.5,
                                       speculative_algorithm="NEXTN", draft_tokens=4, extra_buffer=True,
                                       chunked_prefill_size=4096, cuda_graph_max_bs=32)
     assert result["max_running"] == 8 and close(result["kv_tokens"], 121225)
+    # fmt: on
 
 
 # --------------------------------------------------------------------------------------
@@ -278,33 +317,48 @@ def test_the_memory_budget_filter(budget, qwen_config):
 
 
 def realsize(*extra: str) -> dict[str, Any]:
-    proc = subprocess.run([str(REPO / "tools" / "launch-plan"), "h200-realsize", "-i", "inventory/gpu-realsize.yml",
-                           "--json", *extra], capture_output=True, text=True, cwd=REPO, env=dict(os.environ),
-                          check=False)
+    proc = subprocess.run(
+        [str(REPO / "tools" / "launch-plan"), "h200-realsize", "-i", "inventory/gpu-realsize.yml", "--json", *extra],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ),
+        check=False,
+    )
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
 
 
 def test_tool_prints_the_realsize_budget():
-    result = realsize("-e", json.dumps({"h200_realsize_overrides": {"--mem-fraction-static": 0.45,
-                                                                     "--max-running-requests": 8}}))
+    result = realsize(
+        "-e", json.dumps({"h200_realsize_overrides": {"--mem-fraction-static": 0.45, "--max-running-requests": 8}})
+    )
     plan = result["plan"]
     argv = plan["argv"]
-    for flag, value in (("--tensor-parallel-size", "1"), ("--attention-backend", "flashinfer"),
-                        ("--load-format", "dummy"), ("--mem-fraction-static", "0.45"),
-                        ("--max-running-requests", "8")):
+    for flag, value in (
+        ("--tensor-parallel-size", "1"),
+        ("--attention-backend", "flashinfer"),
+        ("--load-format", "dummy"),
+        ("--mem-fraction-static", "0.45"),
+        ("--max-running-requests", "8"),
+    ):
         assert argv[argv.index(flag) + 1] == value
     assert plan["budget"]["max_running"] == 4 and close(plan["budget"]["kv_tokens"], 61225)
-    refused = realsize("-e", json.dumps({"h200_realsize_overrides": {"--mem-fraction-static": 0.45,
-                                                                      "--max-running-requests": 48}}))
+    refused = realsize(
+        "-e", json.dumps({"h200_realsize_overrides": {"--mem-fraction-static": 0.45, "--max-running-requests": 48}})
+    )
     assert "Not enough memory" in refused["error"]
 
 
 def test_reliability_page_quotes_the_budget_refusals_as_the_plan_words_them():
     """docs/reliability.md's hand-written budget table (tools/reliability-report PLAN_ONLY)."""
     page = (REPO / "docs" / "reliability.md").read_text()
-    for name in ("target-beyond-the-budget", "fraction-leaves-no-room-for-the-draft", "context-beyond-the-kv-cache",
-                 "kv-cache-below-the-least-context"):
+    for name in (
+        "target-beyond-the-budget",
+        "fraction-leaves-no-room-for-the-draft",
+        "context-beyond-the-kv-cache",
+        "kv-cache-below-the-least-context",
+    ):
         assert f"`{BUDGET_REFUSALS[name][1]}`" in page, name
 
 
@@ -324,9 +378,19 @@ REALSIZE = json.loads((REPO / "bench" / "results" / "realsize.json").read_text()
 REALSIZE_CASES = json.loads((REPO / "bench" / "results" / "realsize_cases.json").read_text())["cases"]
 
 
-MEMORY_FLAGS = ("--tensor-parallel-size", "--mem-fraction-static", "--max-running-requests", "--context-length",
-                "--speculative-algorithm", "--speculative-num-draft-tokens", "--mamba-scheduler-strategy",
-                "--load-format", "--chunked-prefill-size", "--cuda-graph-max-bs", "--page-size")
+MEMORY_FLAGS = (
+    "--tensor-parallel-size",
+    "--mem-fraction-static",
+    "--max-running-requests",
+    "--context-length",
+    "--speculative-algorithm",
+    "--speculative-num-draft-tokens",
+    "--mamba-scheduler-strategy",
+    "--load-format",
+    "--chunked-prefill-size",
+    "--cuda-graph-max-bs",
+    "--page-size",
+)
 
 
 def flag_of(argv: list[str], flag: str) -> str | None:
@@ -341,11 +405,26 @@ def test_plan_reproduces_what_sglang_logged_when_launched_from_it(case):
     import yaml
 
     settings = yaml.safe_load((REPO / "group_vars" / "sglang_servers.yml").read_text())["inference_server_settings"]
-    extra = json.dumps({"inference_server_settings": settings | case["settings"],
-                        "h200_realsize_overrides": case["overrides"]})
+    extra = json.dumps(
+        {"inference_server_settings": settings | case["settings"], "h200_realsize_overrides": case["overrides"]}
+    )
     env = dict(os.environ, DEPLOY_CACHE_DIR=str(REPO / ".cache"))
-    done = subprocess.run([str(REPO / "tools" / "launch-plan"), "h200-realsize", "-i", "inventory/gpu-realsize.yml",
-                           "-e", extra, "--json"], cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [
+            str(REPO / "tools" / "launch-plan"),
+            "h200-realsize",
+            "-i",
+            "inventory/gpu-realsize.yml",
+            "-e",
+            extra,
+            "--json",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     ran = next(r for r in REALSIZE["cases"] if r["name"] == case["name"])
     if not ran["launched"]:
         assert done.returncode == 1, done.stdout

@@ -6,6 +6,7 @@
 * a hub source against a local HTTP stand-in for the Hub (the real Hub is unreachable
   here): the failure is one sentence and the token never appears, even at -vvvv.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -43,6 +44,7 @@ def test_defaults_and_argument_specs_name_the_same_variables():
 
 def playbook(tmp_path: Path, extra: dict, *args: str, name: str = "m") -> subprocess.CompletedProcess:
     """Run the role against localhost with ``extra`` variables; returns the process."""
+    # fmt: off
     play = [{"name": "Run model_sync", "hosts": "localhost", "gather_facts": False,
              "roles": [{"role": "model_sync"}],
              "post_tasks": [{"name": "Show the facts", "ansible.builtin.debug": {"msg": {
@@ -53,14 +55,19 @@ def playbook(tmp_path: Path, extra: dict, *args: str, name: str = "m") -> subpro
     variables = {"model_sync_root": str(tmp_path / "models"), "model_sync_name": name,
                  "model_sync_state_dir": str(tmp_path / "state"), "model_sync_cli_path": "",
                  "model_sync_disk_reserve_mib": 0, **extra}
+    # fmt: on
+    # fmt: off
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
                ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
+    # fmt: on
+    # fmt: off
     return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}",
                            "-e", f"@{tmp_path / 'vars.json'}", *args, str(tmp_path / "play.yml")],
                           capture_output=True, text=True, env=env, cwd=tmp_path)
+    # fmt: on
 
 
 def stats(proc: subprocess.CompletedProcess) -> dict:
@@ -152,29 +159,41 @@ def test_hub_failure_is_one_sentence_and_never_shows_the_token(tmp_path, ansible
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Deny)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        proc = playbook(tmp_path, {
-            "model_sync_source": {"type": "hub", "repo_id": "Qwen/Qwen3.6-27B", "revision": "a" * 40},
-            "model_sync_hub_python": str(hub_python), "model_sync_hf_token": TOKEN,
-            "model_sync_hub_endpoint": f"http://127.0.0.1:{server.server_port}"}, "-vvvv")
+        proc = playbook(
+            tmp_path,
+            {
+                "model_sync_source": {"type": "hub", "repo_id": "Qwen/Qwen3.6-27B", "revision": "a" * 40},
+                "model_sync_hub_python": str(hub_python),
+                "model_sync_hf_token": TOKEN,
+                "model_sync_hub_endpoint": f"http://127.0.0.1:{server.server_port}",
+            },
+            "-vvvv",
+        )
     finally:
         server.shutdown()
     assert proc.returncode != 0
-    assert ("the Hub refused Qwen/Qwen3.6-27B@" + "a" * 40 + " (HTTP 401, not found, private or gated) with the "
-            "token in model_sync_hf_token: grant that token's account access to Qwen/Qwen3.6-27B on the Hub, or use "
-            "another token; nothing was downloaded.") in " ".join(proc.stdout.split())
+    assert (
+        "the Hub refused Qwen/Qwen3.6-27B@" + "a" * 40 + " (HTTP 401, not found, private or gated) with the "
+        "token in model_sync_hf_token: grant that token's account access to Qwen/Qwen3.6-27B on the Hub, or use "
+        "another token; nothing was downloaded."
+    ) in " ".join(proc.stdout.split())
     assert _Deny.seen_auth and _Deny.seen_auth[0] == f"Bearer {TOKEN}", "the token reached the endpoint"
     assert TOKEN not in proc.stdout and TOKEN not in proc.stderr
     # vars.json is this test's stand-in for the vault; nothing else may hold the token.
-    leftovers = [p for p in tmp_path.rglob("*")
-                 if p.is_file() and p.name != "vars.json" and TOKEN.encode() in p.read_bytes()]
+    leftovers = [
+        p for p in tmp_path.rglob("*") if p.is_file() and p.name != "vars.json" and TOKEN.encode() in p.read_bytes()
+    ]
     assert leftovers == [], "the token was written to a file"
     shutil.rmtree(tmp_path / "models", ignore_errors=True)
 
 
 def deploy_task(name: str) -> dict:
     """A task of deploy.yml's main block, by name (its vars are what a deploy passes)."""
-    play = next(p for p in yaml.safe_load((ROOT / "deploy.yml").read_text())
-                if p.get("name") == "Deploy the LLM inference server")
+    play = next(
+        p
+        for p in yaml.safe_load((ROOT / "deploy.yml").read_text())
+        if p.get("name") == "Deploy the LLM inference server"
+    )
     block = next(t for t in play["tasks"] if t.get("name") == "Deploy while holding the lock")["block"]
     return next(t for t in block if t.get("name") == name)
 
@@ -185,30 +204,57 @@ def test_the_drafter_is_a_second_artifact_of_the_same_tasks(tmp_path, ansible_ok
     assert drafter_run["ansible.builtin.include_role"] == {"name": "model_sync"}
     target, drafter = make_model(tmp_path / "target"), make_model(tmp_path / "drafter", seed=7)
     (drafter / "config.json").write_text(json.dumps({"model_type": "tiny-drafter", "hidden_size": 8}))
-    play = [{"name": "Sync the drafter and the model as deploy.yml does", "hosts": "localhost", "gather_facts": False,
-             "tasks": [
-                 {"name": "Check the drafter", "ansible.builtin.include_role": {"name": "model_sync",
-                                                                              "tasks_from": "preflight.yml"},
-                  "vars": deploy_task("Check the drafter's inputs before anything changes")["vars"]},
-                 {"name": "Check the model", "ansible.builtin.include_role": {"name": "model_sync",
-                                                                            "tasks_from": "preflight.yml"}},
-                 {"name": "Sync the drafter", "ansible.builtin.include_role": {"name": "model_sync"},
-                  "vars": drafter_run["vars"]},
-                 {"name": "Sync the model", "ansible.builtin.include_role": {"name": "model_sync"}},
-                 {"name": "Show the facts", "ansible.builtin.debug": {"msg": {
-                     "dir": "{{ model_sync_model_dir }}", "type": "{{ model_sync_config.model_type }}",
-                     "draft_dir": "{{ model_sync_draft_model_dir }}", "draft_rev": "{{ model_sync_draft_revision }}",
-                     "draft_type": "{{ model_sync_draft_config.model_type }}",
-                     "draft_bytes": "{{ model_sync_draft_weights_bytes }}",
-                     "source_config": "{{ model_sync_source_config.model_type | default('') }}",
-                     "draft_source_config": "{{ model_sync_draft_source_config.model_type | default('') }}"}}}]}]
+    play = [
+        {
+            "name": "Sync the drafter and the model as deploy.yml does",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Check the drafter",
+                    "ansible.builtin.include_role": {"name": "model_sync", "tasks_from": "preflight.yml"},
+                    "vars": deploy_task("Check the drafter's inputs before anything changes")["vars"],
+                },
+                {
+                    "name": "Check the model",
+                    "ansible.builtin.include_role": {"name": "model_sync", "tasks_from": "preflight.yml"},
+                },
+                {
+                    "name": "Sync the drafter",
+                    "ansible.builtin.include_role": {"name": "model_sync"},
+                    "vars": drafter_run["vars"],
+                },
+                {"name": "Sync the model", "ansible.builtin.include_role": {"name": "model_sync"}},
+                {
+                    "name": "Show the facts",
+                    "ansible.builtin.debug": {
+                        "msg": {
+                            "dir": "{{ model_sync_model_dir }}",
+                            "type": "{{ model_sync_config.model_type }}",
+                            "draft_dir": "{{ model_sync_draft_model_dir }}",
+                            "draft_rev": "{{ model_sync_draft_revision }}",
+                            "draft_type": "{{ model_sync_draft_config.model_type }}",
+                            "draft_bytes": "{{ model_sync_draft_weights_bytes }}",
+                            "source_config": "{{ model_sync_source_config.model_type | default('') }}",
+                            "draft_source_config": "{{ model_sync_draft_source_config.model_type | default('') }}",
+                        }
+                    },
+                },
+            ],
+        }
+    ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    variables = {"model_sync_root": str(tmp_path / "models"), "model_sync_name": "m",
-                 "model_sync_state_dir": str(tmp_path / "state"), "model_sync_cli_path": "",
-                 "model_sync_disk_reserve_mib": 0,
-                 "model_sync_source": {"type": "controller_dir", "path": str(target)},
-                 "model_sync_draft_source": {"type": "controller_dir", "path": str(drafter), "revision": "d1"},
-                 "model_sync_draft_name": "m-drafter"}
+    variables = {
+        "model_sync_root": str(tmp_path / "models"),
+        "model_sync_name": "m",
+        "model_sync_state_dir": str(tmp_path / "state"),
+        "model_sync_cli_path": "",
+        "model_sync_disk_reserve_mib": 0,
+        "model_sync_source": {"type": "controller_dir", "path": str(target)},
+        "model_sync_draft_source": {"type": "controller_dir", "path": str(drafter), "revision": "d1"},
+        "model_sync_draft_name": "m-drafter",
+    }
+    # fmt: off
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
                ANSIBLE_STDOUT_CALLBACK="json", ANSIBLE_LOCALHOST_WARNING="False",
@@ -216,6 +262,7 @@ def test_the_drafter_is_a_second_artifact_of_the_same_tasks(tmp_path, ansible_ok
     proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
                            str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    # fmt: on
     assert proc.returncode == 0, proc.stdout[-4000:]
     f = json.loads(proc.stdout)["plays"][0]["tasks"][-1]["hosts"]["localhost"]["msg"]
     assert f["type"] == "tiny" and f["source_config"] == "tiny"

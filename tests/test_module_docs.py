@@ -3,6 +3,7 @@
 ansible-doc refuses a module whose DOCUMENTATION is not valid YAML (a ``: `` inside a plain
 description line is enough), so each block is parsed here the way ansible-doc parses it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -12,8 +13,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-PLUGINS = sorted(p for pattern in ("roles/*/library/*.py", "roles/*/lookup_plugins/*.py", "filter_plugins/*.py")
-                 for p in ROOT.glob(pattern))
+PLUGINS = sorted(
+    p
+    for pattern in ("roles/*/library/*.py", "roles/*/lookup_plugins/*.py", "filter_plugins/*.py")
+    for p in ROOT.glob(pattern)
+)
 
 
 def doc_blocks(path: Path) -> dict[str, str]:
@@ -30,14 +34,18 @@ def doc_blocks(path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("path", [p for p in PLUGINS if "library" in p.parts], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_module_documents_itself_in_yaml_ansible_doc_reads(path):
     blocks = doc_blocks(path)
-    assert set(blocks) >= {"DOCUMENTATION", "EXAMPLES", "RETURN"}, f"{path.name} lacks {set(blocks) ^ {'DOCUMENTATION', 'EXAMPLES', 'RETURN'}}"
+    assert set(blocks) >= {"DOCUMENTATION", "EXAMPLES", "RETURN"}, (
+        f"{path.name} lacks {set(blocks) ^ {'DOCUMENTATION', 'EXAMPLES', 'RETURN'}}"
+    )
     doc = yaml.safe_load(blocks["DOCUMENTATION"])
     assert doc["module"] == path.stem and doc["short_description"] and doc["description"]
     yaml.safe_load(blocks["EXAMPLES"])
     yaml.safe_load(blocks["RETURN"])
 
 
-@pytest.mark.parametrize("path", [p for p in PLUGINS if "library" not in p.parts], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path", [p for p in PLUGINS if "library" not in p.parts], ids=lambda p: str(p.relative_to(ROOT))
+)
 def test_documentation_of_other_plugins_is_valid_yaml(path):
     for name, text in doc_blocks(path).items():
         assert yaml.safe_load(text) is not None, f"{path.name}: {name} is empty"

@@ -227,7 +227,7 @@ def test_timeout_cancels_the_run(tmp_path):
         "--timeout",
         "3",
         "-e",
-        "fixture_release_file=%s" % (tmp_path / "never"),
+        "fixture_release_file={}".format(tmp_path / "never"),
         playbook="wait.yml",
         limit="fx1",
     )

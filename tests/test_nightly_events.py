@@ -397,7 +397,7 @@ def test_command_file_values_are_redacted(tmp_path):
 def test_extra_vars_go_to_ansible_playbook_as_given(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = nd.cli.extra_vars_cmdline(["x=1", '{"y": 2}', "@vars.yml", "@/abs/v.yml"])
-    assert args == ["-e", "x=1", "-e", '{"y": 2}', "-e", "@%s" % (tmp_path / "vars.yml"), "-e", "@/abs/v.yml"]
+    assert args == ["-e", "x=1", "-e", '{"y": 2}', "-e", "@{}".format(tmp_path / "vars.yml"), "-e", "@/abs/v.yml"]
 
 
 def test_gate_text():

@@ -7,6 +7,7 @@ path so the tool the entries point at exists. The cron path is checked in the re
 crontab and by running the installed line; the timer path is verified with
 systemd-analyze, enabled, started and run once. Needs docker (as `make test` does).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
-
 from test_nightly_support import REPO
 
 IMAGE = os.environ.get("NIGHTLY_TEST_IMAGE", "local/bookworm-systemd")
@@ -37,7 +37,7 @@ def ansible_bin(name: str) -> str:
     path = BIN / name
     found = str(path) if path.exists() else shutil.which(name)
     if not found:
-        pytest.fail("%s not found next to %s nor on PATH: run `make setup`" % (name, sys.executable))
+        pytest.fail(f"{name} not found next to {sys.executable} nor on PATH: run `make setup`")
     return found
 
 
@@ -49,38 +49,62 @@ class ControlNode:
         self.inventory = workdir / "inventory.yml"
         # The repository's group_vars (ansible_managed), as inventory/ links them.
         (workdir / "group_vars").symlink_to(REPO / "group_vars")
-        self.inventory.write_text(json.dumps({"all": {"hosts": {"localhost": {
-            "ansible_connection": "community.docker.docker", "ansible_host": name,
-            "ansible_python_interpreter": "/usr/bin/python3"}}}}))
+        self.inventory.write_text(
+            json.dumps(
+                {
+                    "all": {
+                        "hosts": {
+                            "localhost": {
+                                "ansible_connection": "community.docker.docker",
+                                "ansible_host": name,
+                                "ansible_python_interpreter": "/usr/bin/python3",
+                            }
+                        }
+                    }
+                }
+            )
+        )
 
     def sh(self, command: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run a shell command in the container."""
-        proc = subprocess.run(["docker", "exec", self.name, "sh", "-c", command], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            ["docker", "exec", self.name, "sh", "-c", command], capture_output=True, text=True, timeout=120
+        )
         if check:
             assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
         return proc
 
-    def play(self, *extra: str, check: bool = False, expect_rc: int = 0) -> Dict[str, Any]:
+    def play(self, *extra: str, check: bool = False, expect_rc: int = 0) -> dict[str, Any]:
         """Apply playbooks/nightly.yml; the per-task results and the stats of localhost."""
-        argv = [ansible_bin("ansible-playbook"), str(PLAYBOOK), "-i", str(self.inventory),
-                "-e", "nightly_python=/usr/bin/python3", "-e", "nightly_artifacts_dir=%s" % ARTIFACTS, *extra]
+        argv = [
+            ansible_bin("ansible-playbook"),
+            str(PLAYBOOK),
+            "-i",
+            str(self.inventory),
+            "-e",
+            "nightly_python=/usr/bin/python3",
+            "-e",
+            f"nightly_artifacts_dir={ARTIFACTS}",
+            *extra,
+        ]
         if check:
             argv.append("--check")
+        # fmt: off
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
                    ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false", ANSIBLE_PIPELINING="true")
+        # fmt: on
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
         try:
-            out = json.loads(proc.stdout[proc.stdout.index("{"):])
+            out = json.loads(proc.stdout[proc.stdout.index("{") :])
         except ValueError:
-            pytest.fail("no JSON from ansible-playbook (rc %d):\n%s\n%s" % (proc.returncode, proc.stdout, proc.stderr))
+            pytest.fail(f"no JSON from ansible-playbook (rc {proc.returncode:d}):\n{proc.stdout}\n{proc.stderr}")
         assert proc.returncode == expect_rc, json.dumps(out, indent=1)[-4000:]
         tasks = {t["task"]["name"]: t["hosts"].get("localhost", {}) for t in out["plays"][0]["tasks"]}
         return {"tasks": tasks, "stats": out["stats"]["localhost"]}
 
     def crontab(self, user: str = "root") -> str:
         """The user's crontab ('' when there is none)."""
-        proc = self.sh("crontab -l -u %s" % user, check=False)
+        proc = self.sh(f"crontab -l -u {user}", check=False)
         return proc.stdout if proc.returncode == 0 else ""
 
 
@@ -89,18 +113,24 @@ def node(tmp_path_factory):
     """Start the control-node container; remove it afterwards."""
     if not shutil.which("docker"):
         pytest.fail("docker is needed for the nightly playbook tests")
-    name = "nr-nightly-ctl-%s" % uuid.uuid4().hex[:8]
+    name = f"nr-nightly-ctl-{uuid.uuid4().hex[:8]}"
+    # fmt: off
     run = subprocess.run(
         ["docker", "run", "-d", "--name", name, "--hostname", "control", "--cap-add", "SYS_ADMIN",
          "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-         "-e", "container=docker", "-v", "%s:%s:ro" % (REPO, REPO), IMAGE, "/lib/systemd/systemd"],
+         "-e", "container=docker", "-v", f"{REPO}:{REPO}:ro", IMAGE, "/lib/systemd/systemd"],
         capture_output=True, text=True, timeout=120)
+    # fmt: on
     assert run.returncode == 0, run.stderr
     try:
         deadline = time.monotonic() + 120
         while True:  # the bus appears a moment after PID 1 starts
-            state = subprocess.run(["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
-                                   capture_output=True, text=True, timeout=120)
+            state = subprocess.run(
+                ["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             if state.stdout.strip() in ("running", "degraded") or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -110,10 +140,10 @@ def node(tmp_path_factory):
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
 
 
-def cron_lines(text: str, job: str = "llm-nightly-deploy") -> List[str]:
+def cron_lines(text: str, job: str = "llm-nightly-deploy") -> list[str]:
     """The schedule line under the ``#Ansible: <job>`` marker."""
     lines = text.splitlines()
-    return [lines[i + 1] for i, line in enumerate(lines) if line.strip() == "#Ansible: %s" % job]
+    return [lines[i + 1] for i, line in enumerate(lines) if line.strip() == f"#Ansible: {job}"]
 
 
 def test_cron_entry_check_mode_install_idempotence_and_removal(node):
@@ -128,9 +158,9 @@ def test_cron_entry_check_mode_install_idempotence_and_removal(node):
     assert first["stats"]["changed"] >= 1
     [line] = cron_lines(node.crontab())
     assert line.startswith("15 3 * * * ")
-    assert "env 'DEPLOY_CACHE_DIR=/srv/cache dir' /usr/bin/python3 %s/tools/nightly-deploy" % REPO in line
-    assert "--limit sglang_servers --artifacts-dir %s --keep-days 14 --max-drop-percent 20" % ARTIFACTS in line
-    assert line.endswith(">> %s/nightly.log 2>&1" % ARTIFACTS)
+    assert f"env 'DEPLOY_CACHE_DIR=/srv/cache dir' /usr/bin/python3 {REPO}/tools/nightly-deploy" in line
+    assert f"--limit sglang_servers --artifacts-dir {ARTIFACTS} --keep-days 14 --max-drop-percent 20" in line
+    assert line.endswith(f">> {ARTIFACTS}/nightly.log 2>&1")
 
     again = node.play(*common)
     assert again["stats"]["changed"] == 0
@@ -139,7 +169,7 @@ def test_cron_entry_check_mode_install_idempotence_and_removal(node):
     # What cron will run: the line's command works as written (and logs to the file).
     command = line.split(" ", 5)[5]
     node.sh(command.replace("\\%", "%"), check=False)
-    log = node.sh("cat %s/nightly.log" % ARTIFACTS).stdout
+    log = node.sh(f"cat {ARTIFACTS}/nightly.log").stdout
     assert NO_RUNNER in log
 
     node.play(*common[:4], "-e", "nightly_hour=4", "-e", "nightly_minute=15")
@@ -178,13 +208,15 @@ def test_systemd_timer_replaces_cron_and_runs(node):
     assert node.sh("systemctl is-active llm-nightly-deploy.timer").stdout.strip() == "active"
     calendar = node.sh("systemctl show -P TimersCalendar llm-nightly-deploy.timer").stdout
     assert "*-*-* 02:00:00" in calendar
-    node.sh("systemd-analyze verify /etc/systemd/system/llm-nightly-deploy.service "
-            "/etc/systemd/system/llm-nightly-deploy.timer")
+    node.sh(
+        "systemd-analyze verify /etc/systemd/system/llm-nightly-deploy.service "
+        "/etc/systemd/system/llm-nightly-deploy.timer"
+    )
     assert node.play(*common)["stats"]["changed"] == 0
 
     # A run started by the timer's service executes the tool and appends to the log.
     node.sh("systemctl start llm-nightly-deploy.service", check=False)
-    log = node.sh("cat %s/nightly.log" % ARTIFACTS).stdout
+    log = node.sh(f"cat {ARTIFACTS}/nightly.log").stdout
     assert log.count(NO_RUNNER) >= 1
     assert node.sh("systemctl show -P ExecMainStatus llm-nightly-deploy.service").stdout.strip() == "2"
 
@@ -211,27 +243,44 @@ def test_timer_units_render_and_verify_on_this_machine(tmp_path):
     Runs with the local connection the playbook declares; a job name of its own keeps any
     real nightly entry of this machine's crontab out of reach.
     """
-    job = "nr-test-%s" % uuid.uuid4().hex[:8]
+    job = f"nr-test-{uuid.uuid4().hex[:8]}"
     units = tmp_path / "units"
     units.mkdir()
-    argv = [ansible_bin("ansible-playbook"), str(PLAYBOOK), "-e", "nightly_scheduler=systemd",
-            "-e", "nightly_systemd_activate=false", "-e", "nightly_systemd_unit_dir=%s" % units,
-            "-e", "nightly_python=%s" % sys.executable, "-e", "nightly_artifacts_dir=%s" % (tmp_path / "art"),
-            "-e", "nightly_job_name=%s" % job, "-e", "ansible_python_interpreter=%s" % sys.executable]
+    argv = [
+        ansible_bin("ansible-playbook"),
+        str(PLAYBOOK),
+        "-e",
+        "nightly_scheduler=systemd",
+        "-e",
+        "nightly_systemd_activate=false",
+        "-e",
+        f"nightly_systemd_unit_dir={units}",
+        "-e",
+        f"nightly_python={sys.executable}",
+        "-e",
+        "nightly_artifacts_dir={}".format(tmp_path / "art"),
+        "-e",
+        f"nightly_job_name={job}",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    # fmt: off
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
                ANSIBLE_NOCOLOR="1", ANSIBLE_DEPRECATION_WARNINGS="false")
+    # fmt: on
     results = []
     for _ in range(2):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=str(REPO))
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
-        out = json.loads(proc.stdout[proc.stdout.index("{"):])
-        results.append(({t["task"]["name"]: t["hosts"]["localhost"] for t in out["plays"][0]["tasks"]},
-                        out["stats"]["localhost"]))
+        out = json.loads(proc.stdout[proc.stdout.index("{") :])
+        results.append(
+            ({t["task"]["name"]: t["hosts"]["localhost"] for t in out["plays"][0]["tasks"]}, out["stats"]["localhost"])
+        )
     tasks, stats = results[0]
-    service = (units / ("%s.service" % job)).read_text()
-    assert "ExecStart=%s %s/tools/nightly-deploy --limit ct129" % (sys.executable, REPO) in service
-    assert "StandardOutput=append:%s/nightly.log" % (tmp_path / "art") in service
-    assert "OnCalendar=*-*-* 02:00:00" in (units / ("%s.timer" % job)).read_text()
+    service = (units / (f"{job}.service")).read_text()
+    assert f"ExecStart={sys.executable} {REPO}/tools/nightly-deploy --limit ct129" in service
+    assert "StandardOutput=append:{}/nightly.log".format(tmp_path / "art") in service
+    assert "OnCalendar=*-*-* 02:00:00" in (units / (f"{job}.timer")).read_text()
     verify = tasks["Verify the rendered units with systemd-analyze"]
     if Path("/usr/bin/systemd-analyze").exists():
         assert not verify.get("skipped") and verify["rc"] == 0, verify

@@ -5,6 +5,7 @@ exposition format (HELP/TYPE before the samples of their family, families contig
 valid names, quoted and escaped label values, float values, no duplicate series, a final
 newline), so a malformed file fails the tests the way node_exporter would refuse it.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -16,10 +17,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
 
 import pytest
-
 from test_nightly_support import FIXTURE, REPO, recorded_event
 
 spec = importlib.util.spec_from_file_location("prometheus_textfile", REPO / "filter_plugins" / "prometheus_textfile.py")
@@ -30,24 +29,24 @@ METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 TYPES = {"counter", "gauge", "histogram", "summary", "untyped"}
 
-Series = Tuple[str, Tuple[Tuple[str, str], ...]]
+Series = tuple[str, tuple[tuple[str, str], ...]]
 
 
-def _parse_labels(text: str, line: str) -> Tuple[Tuple[str, str], ...]:
+def _parse_labels(text: str, line: str) -> tuple[tuple[str, str], ...]:
     """``a="x",b="y\\"z"`` -> (("a", "x"), ("b", 'y"z')), strictly."""
-    pairs: List[Tuple[str, str]] = []
+    pairs: list[tuple[str, str]] = []
     i = 0
     while i < len(text):
         match = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)=\"").match(text, i)
-        assert match, "bad label syntax at %r in %r" % (text[i:], line)
+        assert match, f"bad label syntax at {text[i:]!r} in {line!r}"
         name, i = match.group(1), match.end()
         value = []
         while True:
-            assert i < len(text), "unterminated label value in %r" % line
+            assert i < len(text), f"unterminated label value in {line!r}"
             ch = text[i]
             if ch == "\\":
                 nxt = text[i + 1]
-                assert nxt in ('\\', '"', 'n'), "bad escape \\%s in %r" % (nxt, line)
+                assert nxt in ("\\", '"', "n"), f"bad escape \\{nxt} in {line!r}"
                 value.append({"\\": "\\", '"': '"', "n": "\n"}[nxt])
                 i += 2
             elif ch == '"':
@@ -57,18 +56,18 @@ def _parse_labels(text: str, line: str) -> Tuple[Tuple[str, str], ...]:
                 assert ch != "\n"
                 value.append(ch)
                 i += 1
-        assert name not in dict(pairs), "duplicate label %s in %r" % (name, line)
+        assert name not in dict(pairs), f"duplicate label {name} in {line!r}"
         pairs.append((name, "".join(value)))
         if i < len(text):
-            assert text[i] == ",", "expected ',' at %r in %r" % (text[i:], line)
+            assert text[i] == ",", f"expected ',' at {text[i:]!r} in {line!r}"
             i += 1
     return tuple(sorted(pairs))
 
 
-def parse_exposition(text: str) -> Dict[str, Dict[str, object]]:
+def parse_exposition(text: str) -> dict[str, dict[str, object]]:
     """{family: {"help": str, "type": str, "samples": {labels-tuple: float}}}; asserts on any error."""
     assert text.endswith("\n"), "the file must end with a newline"
-    families: Dict[str, Dict[str, object]] = {}
+    families: dict[str, dict[str, object]] = {}
     seen: set = set()
     current = None
     finished: set = set()
@@ -76,32 +75,32 @@ def parse_exposition(text: str) -> Dict[str, Dict[str, object]]:
         assert line.strip(), "empty line"
         if line.startswith("#"):
             match = re.match(r"^# (HELP|TYPE) (\S+) (.+)$", line)
-            assert match, "bad comment line %r" % line
+            assert match, f"bad comment line {line!r}"
             kind, name, rest = match.groups()
             assert METRIC_NAME.match(name), name
             if name != current:
-                assert name not in finished and name not in families, "family %s is split" % name
+                assert name not in finished and name not in families, f"family {name} is split"
                 if current:
                     finished.add(current)
                 current = name
                 families[name] = {"help": None, "type": None, "samples": {}}
             fam = families[name]
-            assert not fam["samples"], "%s before the samples of %s" % (kind, name)
+            assert not fam["samples"], f"{kind} before the samples of {name}"
             key = kind.lower()
-            assert fam[key] is None, "second %s for %s" % (kind, name)
+            assert fam[key] is None, f"second {kind} for {name}"
             if kind == "TYPE":
                 assert rest in TYPES, rest
             fam[key] = rest
             continue
         match = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})? (\S+)( -?\d+)?$", line)
-        assert match, "bad sample line %r" % line
+        assert match, f"bad sample line {line!r}"
         name, _, label_text, value = match.group(1), match.group(2), match.group(3), match.group(4)
-        assert name == current, "sample of %s outside its family (%s)" % (name, current)
+        assert name == current, f"sample of {name} outside its family ({current})"
         fam = families[name]
-        assert fam["help"] is not None and fam["type"] is not None, "%s has no HELP/TYPE" % name
+        assert fam["help"] is not None and fam["type"] is not None, f"{name} has no HELP/TYPE"
         labels = _parse_labels(label_text, line) if label_text else ()
         series = (name, labels)
-        assert series not in seen, "duplicate series %r" % (series,)
+        assert series not in seen, f"duplicate series {series!r}"
         seen.add(series)
         fam["samples"][labels] = float(value)
     return families
@@ -112,8 +111,14 @@ def sample(families, name, **labels) -> float:
     return families[name]["samples"][tuple(sorted(labels.items()))]
 
 
-FLAT = {"decode_tps": 52.1, "ttft_p50_s": 0.31, "ttft_p95_s": 0.41, "accept_length": 2.1, "passed": True,
-        "timestamp": "2026-11-30T02:00:41Z"}
+FLAT = {
+    "decode_tps": 52.1,
+    "ttft_p50_s": 0.31,
+    "ttft_p95_s": 0.41,
+    "accept_length": 2.1,
+    "passed": True,
+    "timestamp": "2026-11-30T02:00:41Z",
+}
 
 
 def test_flat_report_round_trips():
@@ -144,8 +149,7 @@ def test_recorded_gate_report_is_mapped():
 
 
 def test_missing_figures_leave_their_family_out():
-    report = {"passed": False, "timestamp": 1764468041, "decode_tps": None, "accept_length": None,
-              "ttft_p50_s": 1.5}
+    report = {"passed": False, "timestamp": 1764468041, "decode_tps": None, "accept_length": None, "ttft_p50_s": 1.5}
     fam = parse_exposition(pt.prometheus_textfile(report))
     assert set(fam) == {"llm_gate_ttft_seconds", "llm_gate_passed", "llm_gate_last_run_timestamp_seconds"}
     assert fam["llm_gate_ttft_seconds"]["samples"] == {(("quantile", "0.5"),): 1.5}
@@ -159,32 +163,38 @@ def test_label_values_are_escaped():
     assert sample(fam, "llm_gate_passed", model=odd) == 1
 
 
-@pytest.mark.parametrize("report, labels, message", [
-    ({"decode_tps": 5}, None, "has no 'passed'"),
-    ({"passed": "maybe"}, None, "passed must be a boolean"),
-    ({"passed": True, "decode_tps": "fast"}, None, "decode_tps must be a number"),
-    ({"passed": True, "decode_tps": True}, None, "decode_tps must be a number"),
-    ({"passed": True, "ttft_p95_s": float("inf")}, None, "must be finite"),
-    ({"passed": True, "timestamp": "last tuesday"}, None, "timestamp must be ISO 8601"),
-    ({"passed": True}, {"quantile": "x"}, "not a usable label name"),
-    ({"passed": True}, {"__name__": "x"}, "not a usable label name"),
-    ({"passed": True}, {"bad-name": "x"}, "not a usable label name"),
-    ({"passed": True}, {"host": None}, "has no value"),
-    ({"passed": True}, ["host"], "labels must be a mapping"),
-    ("not a report", None, "expects a mapping"),
-])
+@pytest.mark.parametrize(
+    "report, labels, message",
+    [
+        ({"decode_tps": 5}, None, "has no 'passed'"),
+        ({"passed": "maybe"}, None, "passed must be a boolean"),
+        ({"passed": True, "decode_tps": "fast"}, None, "decode_tps must be a number"),
+        ({"passed": True, "decode_tps": True}, None, "decode_tps must be a number"),
+        ({"passed": True, "ttft_p95_s": float("inf")}, None, "must be finite"),
+        ({"passed": True, "timestamp": "last tuesday"}, None, "timestamp must be ISO 8601"),
+        ({"passed": True}, {"quantile": "x"}, "not a usable label name"),
+        ({"passed": True}, {"__name__": "x"}, "not a usable label name"),
+        ({"passed": True}, {"bad-name": "x"}, "not a usable label name"),
+        ({"passed": True}, {"host": None}, "has no value"),
+        ({"passed": True}, ["host"], "labels must be a mapping"),
+        ("not a report", None, "expects a mapping"),
+    ],
+)
 def test_bad_input_is_refused(report, labels, message):
     with pytest.raises(pt.AnsibleFilterError, match=re.escape(message)):
         pt.prometheus_textfile(report, labels)
 
 
 def test_values_and_timestamps_are_exact():
-    fam = parse_exposition(pt.prometheus_textfile({"passed": "false", "decode_tps": "48.25",
-                                                   "timestamp": "2026-11-30T03:00:41+01:00"}))
+    fam = parse_exposition(
+        pt.prometheus_textfile({"passed": "false", "decode_tps": "48.25", "timestamp": "2026-11-30T03:00:41+01:00"})
+    )
     assert sample(fam, "llm_gate_passed") == 0
     assert sample(fam, "llm_gate_decode_tokens_per_second") == 48.25
-    assert sample(fam, "llm_gate_last_run_timestamp_seconds") == dt.datetime(
-        2026, 11, 30, 2, 0, 41, tzinfo=dt.timezone.utc).timestamp()
+    assert (
+        sample(fam, "llm_gate_last_run_timestamp_seconds")
+        == dt.datetime(2026, 11, 30, 2, 0, 41, tzinfo=dt.timezone.utc).timestamp()
+    )
     assert pt.gate_metrics({"passed": True, "decode_tps": float("nan")})["decode_tps"] is None
 
 
@@ -192,11 +202,11 @@ def test_parser_rejects_malformed_text():
     """The checker itself catches what node_exporter would refuse."""
     good = pt.prometheus_textfile(FLAT)
     bad_texts = [
-        good.rstrip("\n"),                                            # no final newline
-        good.replace("# TYPE llm_gate_passed gauge\n", ""),           # a family without TYPE
-        good + "llm_gate_passed 1\n",                                 # a series twice / split family
-        good.replace('quantile="0.5"', "quantile=0.5"),               # unquoted label value
-        good.replace("llm_gate_passed 1", "llm_gate_passed one"),     # not a number
+        good.rstrip("\n"),  # no final newline
+        good.replace("# TYPE llm_gate_passed gauge\n", ""),  # a family without TYPE
+        good + "llm_gate_passed 1\n",  # a series twice / split family
+        good.replace('quantile="0.5"', "quantile=0.5"),  # unquoted label value
+        good.replace("llm_gate_passed 1", "llm_gate_passed one"),  # not a number
     ]
     for text in bad_texts:
         with pytest.raises((AssertionError, ValueError)):
@@ -209,16 +219,35 @@ def test_filter_writes_the_textfile_through_ansible(tmp_path):
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps({"fixture_gate_report": report, "fixture_textfile_dir": str(tmp_path)}))
     playbook = shutil.which("ansible-playbook", path=str(Path(sys.executable).parent)) or "ansible-playbook"
-    env = dict(os.environ, ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_CONFIG=str(FIXTURE / "ansible.cfg"))
+    env = dict(
+        os.environ,
+        ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_CONFIG=str(FIXTURE / "ansible.cfg"),
+    )
     for _ in range(2):
-        proc = subprocess.run([playbook, str(FIXTURE / "prometheus.yml"), "-i", "localhost,", "-e", "@%s" % vars_file,
-                               "-e", "ansible_python_interpreter=%s" % sys.executable],
-                              capture_output=True, text=True, timeout=180, env=env)
+        proc = subprocess.run(
+            [
+                playbook,
+                str(FIXTURE / "prometheus.yml"),
+                "-i",
+                "localhost,",
+                "-e",
+                f"@{vars_file}",
+                "-e",
+                f"ansible_python_interpreter={sys.executable}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert re.search(r"localhost\s+: ok=1\s+changed=0", proc.stdout), proc.stdout
     path = tmp_path / "llm_gate.prom"
     assert oct(path.stat().st_mode & 0o777) == "0o644"
     fam = parse_exposition(path.read_text())
-    assert sample(fam, "llm_gate_decode_tokens_per_second", host="localhost", engine="sglang") == \
-        report["aggregate"]["decode_tps_mean"]
+    assert (
+        sample(fam, "llm_gate_decode_tokens_per_second", host="localhost", engine="sglang")
+        == report["aggregate"]["decode_tps_mean"]
+    )

@@ -1,4 +1,5 @@
 """tools/reliability-report: the page is rendered from the scenario's results only."""
+
 from __future__ import annotations
 
 import json
@@ -9,19 +10,53 @@ from pathlib import Path
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "reliability-report"
 
 RESULTS = {
-    "schema": 1, "generated": "2026-11-30T01:00:00Z", "commit": "abc1234", "duration_s": 300.0,
-    "machine": {"cpus": 2, "load_avg": [1.0, 1.5, 2.0]}, "image": "local/img:1",
+    "schema": 1,
+    "generated": "2026-11-30T01:00:00Z",
+    "commit": "abc1234",
+    "duration_s": 300.0,
+    "machine": {"cpus": 2, "load_avg": [1.0, 1.5, 2.0]},
+    "image": "local/img:1",
     "rows": [
-        {"table": "bad_input", "case": "port taken", "how": "a squatter", "message": "Port 8001 | taken.",
-         "refused_by": "preflight : Refuse", "changed": 0, "untouched": True, "seconds": 3.1, "matched": True},
-        {"table": "bad_input", "case": "bad", "how": "x", "message": "m", "refused_by": "t", "changed": 2,
-         "untouched": False, "seconds": 1.0, "matched": False},
-        {"table": "faults", "fault": "crash", "how": "kill -9", "happened": "died", "host_did": "rolled back",
-         "message": "Deploy step failed", "recover_s": 23.8, "rc": 2},
+        {
+            "table": "bad_input",
+            "case": "port taken",
+            "how": "a squatter",
+            "message": "Port 8001 | taken.",
+            "refused_by": "preflight : Refuse",
+            "changed": 0,
+            "untouched": True,
+            "seconds": 3.1,
+            "matched": True,
+        },
+        {
+            "table": "bad_input",
+            "case": "bad",
+            "how": "x",
+            "message": "m",
+            "refused_by": "t",
+            "changed": 2,
+            "untouched": False,
+            "seconds": 1.0,
+            "matched": False,
+        },
+        {
+            "table": "faults",
+            "fault": "crash",
+            "how": "kill -9",
+            "happened": "died",
+            "host_did": "rolled back",
+            "message": "Deploy step failed",
+            "recover_s": 23.8,
+            "rc": 2,
+        },
         {"table": "secrets", "where": "play output", "searched": "9 runs", "found": 0},
         {"table": "secrets_on_purpose", "where": "/etc/x/secrets.env", "mode": "600 root:root", "holds": "HF"},
-        {"table": "files", "path": "/etc/x", "expected": "directory root:inference 0750",
-         "found": "directory root:inference 0750"},
+        {
+            "table": "files",
+            "path": "/etc/x",
+            "expected": "directory root:inference 0750",
+            "found": "directory root:inference 0750",
+        },
     ],
 }
 
@@ -30,8 +65,11 @@ def render(tmp_path: Path, *args: str, results: dict = RESULTS) -> subprocess.Co
     """Run the tool on ``results``, writing tmp_path/page.md."""
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
-    return subprocess.run([sys.executable, str(TOOL), "--results", str(path), "--out", str(tmp_path / "page.md"),
-                           *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, str(TOOL), "--results", str(path), "--out", str(tmp_path / "page.md"), *args],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_the_tables_hold_the_rows_with_pipes_escaped(tmp_path):
@@ -54,26 +92,49 @@ def test_check_says_whether_the_page_is_current(tmp_path):
 
 
 def test_a_missing_or_foreign_results_file_is_a_usage_error(tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOL), "--results", str(tmp_path / "none.json"),
-                           "--out", str(tmp_path / "page.md")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--results", str(tmp_path / "none.json"), "--out", str(tmp_path / "page.md")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "run `molecule test -s reliability` first" in proc.stderr
     assert render(tmp_path, results={"schema": 9, "rows": []}).returncode == 2
 
 
 def test_a_files_rule_counts_by_the_tests_verdict(tmp_path):
-    rule = {"table": "files", "path": "unit main process", "expected": "user inference (uid < 1000, nologin)",
-            "found": "user inference (uid 999, shell /usr/sbin/nologin)"}
+    rule = {
+        "table": "files",
+        "path": "unit main process",
+        "expected": "user inference (uid < 1000, nologin)",
+        "found": "user inference (uid 999, shell /usr/sbin/nologin)",
+    }
     for ok, counted in ((True, 1), (False, 2)):
         results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok)])
         assert render(tmp_path, results=results).returncode == 0
         assert f"7 rows, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
 
 
-ROLLING = {"hosts": 3, "requests": 812, "failed": 0, "cut": 0, "p50_s": 0.61, "p99_s": 1.9, "p99_before_s": 0.9,
-           "rollout_s": 250.3, "gateway": "smg 1.13.0", "clients": 4, "restarted_hosts": 3,
-           "bad_change_stopped_at": "molecule-fleet-1", "bad_change_s": 80.2, "measured_at": "2026-12-01T14:00:00Z",
-           "cpus": 2, "phases": {"good_change": {"requests": 500, "failed": 0, "cut": 0},
-                                 "bad_change": {"requests": 200, "failed": 0, "cut": 0}}}
+ROLLING = {
+    "hosts": 3,
+    "requests": 812,
+    "failed": 0,
+    "cut": 0,
+    "p50_s": 0.61,
+    "p99_s": 1.9,
+    "p99_before_s": 0.9,
+    "rollout_s": 250.3,
+    "gateway": "smg 1.13.0",
+    "clients": 4,
+    "restarted_hosts": 3,
+    "bad_change_stopped_at": "molecule-fleet-1",
+    "bad_change_s": 80.2,
+    "measured_at": "2026-12-01T14:00:00Z",
+    "cpus": 2,
+    "phases": {
+        "good_change": {"requests": 500, "failed": 0, "cut": 0},
+        "bad_change": {"requests": 200, "failed": 0, "cut": 0},
+    },
+}
 
 
 def test_the_gateway_rows_carry_the_rolling_figures_and_say_so_when_missing(tmp_path):

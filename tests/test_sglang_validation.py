@@ -6,6 +6,7 @@ hybrid-model flags that is ``assert is_cuda() or is_musa()`` in
 needs the CUDA (or MUSA) FLA kernels, and torch.cuda.is_available() is False here. Every
 check before it runs, including the model-specific ones that read config.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from launch_plan_cases import (CHECK_SCRIPT, ORIGIN_FLAGS, ORIGIN_OVERRIDES, ORIGIN_REFUSAL, QWEN_CONFIG, REPO,
-                               cache_dir)
+from launch_plan_cases import CHECK_SCRIPT, ORIGIN_FLAGS, ORIGIN_OVERRIDES, ORIGIN_REFUSAL, QWEN_CONFIG, REPO, cache_dir
 
 pytest_plugins = ["conftest_launch_plan"]
 
@@ -32,8 +31,12 @@ GPU_ONLY_ERROR = "Mamba extra_buffer is only supported on CUDA and MUSA devices 
 
 
 def dump_flags(venv: Path, engine: str) -> dict[str, Any]:
-    proc = subprocess.run([str(venv / "bin" / "python"), str(CHECK_SCRIPT), "--engine", engine, "--dump-flags"],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), str(CHECK_SCRIPT), "--engine", engine, "--dump-flags"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -70,11 +73,18 @@ def test_transformers_flag_table_is_transformers_serve(transformers_venv):
 # --------------------------------------------------------------------------------------
 
 
-def test_origin_flags_make_sglang_raise_its_radix_cache_error(sglang_check_venv, run_check, model_dir, launch_plan,
-                                                              ct129_kwargs):
+def test_origin_flags_make_sglang_raise_its_radix_cache_error(
+    sglang_check_venv, run_check, model_dir, launch_plan, ct129_kwargs
+):
     model = model_dir(json.loads(QWEN_CONFIG.read_text()))
-    argv = [str(sglang_check_venv / "bin" / "python3"), "-m", "sglang.launch_server", "--model-path", str(model),
-            *ORIGIN_FLAGS]
+    argv = [
+        str(sglang_check_venv / "bin" / "python3"),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(model),
+        *ORIGIN_FLAGS,
+    ]
     rc, result = run_check(sglang_check_venv, "sglang", argv)
     assert rc == 1
     assert result["status"] == "refused"
@@ -84,8 +94,9 @@ def test_origin_flags_make_sglang_raise_its_radix_cache_error(sglang_check_venv,
 
     # The plan refuses the same flags first, with its own sentence, without any engine.
     with pytest.raises(launch_plan.PlanError) as err:
-        launch_plan.build_plan(json.loads(QWEN_CONFIG.read_text()),
-                               **dict(ct129_kwargs, settings={}, overrides=ORIGIN_OVERRIDES))
+        launch_plan.build_plan(
+            json.loads(QWEN_CONFIG.read_text()), **dict(ct129_kwargs, settings={}, overrides=ORIGIN_OVERRIDES)
+        )
     assert str(err.value) == ORIGIN_REFUSAL
 
 
@@ -100,12 +111,17 @@ def test_derived_plan_passes_everything_a_cpu_host_can_check(sglang_check_venv, 
     assert result["where"] == "sglang/srt/server_args.py:2403 in _handle_mamba_radix_cache"
     assert result["stage"] == "prepare_server_args"
     assert result["cuda_visible"] is False
-    assert result["not_run"][:4] == ["the rest of _handle_mamba_radix_cache",
-                                     "the rest of _handle_model_specific_adjustments",
-                                     "_handle_sampling_backend", "_handle_attention_backend_compatibility"]
+    assert result["not_run"][:4] == [
+        "the rest of _handle_mamba_radix_cache",
+        "the rest of _handle_model_specific_adjustments",
+        "_handle_sampling_backend",
+        "_handle_attention_backend_compatibility",
+    ]
     assert "_handle_speculative_decoding" in result["not_run"]
-    assert result["notes"] == ["no CUDA device here: validated with --device cuda, which SGLang picks on a GPU "
-                               "host (without it SGLang stops at once: No accelerator is available)"]
+    assert result["notes"] == [
+        "no CUDA device here: validated with --device cuda, which SGLang picks on a GPU "
+        "host (without it SGLang stops at once: No accelerator is available)"
+    ]
 
 
 def test_model_specific_checks_before_the_gpu_stop_do_run(sglang_check_venv, run_check, plan_for, launch_plan):
@@ -115,9 +131,13 @@ def test_model_specific_checks_before_the_gpu_stop_do_run(sglang_check_venv, run
     assert rc == 1
     assert result["message"] == (
         "ValueError: mamba extra_buffer is not compatible with --disable-radix-cache Overlap scheduling is already "
-        "supported with no_buffer + disable_radix_cache. Please use --mamba-scheduler-strategy no_buffer instead.")
-    with pytest.raises(launch_plan.PlanError, match=r"^inference_server_overrides\['--disable-radix-cache'\] "
-                                                    r"disables the radix cache, which SGLang refuses together"):
+        "supported with no_buffer + disable_radix_cache. Please use --mamba-scheduler-strategy no_buffer instead."
+    )
+    with pytest.raises(
+        launch_plan.PlanError,
+        match=r"^inference_server_overrides\['--disable-radix-cache'\] "
+        r"disables the radix cache, which SGLang refuses together",
+    ):
         plan_for(sglang_check_venv, overrides={"--disable-radix-cache": True})
 
 
@@ -126,9 +146,11 @@ def test_sglangs_parser_refuses_what_the_plan_refuses_first(sglang_check_venv, r
     argv = plan["argv"][:-1] + ["extra"]  # --mamba-scheduler-strategy extra
     rc, result = run_check(sglang_check_venv, "sglang", argv, env=plan["env"])
     assert rc == 1
-    assert result["message"] == ("SGLang's parser refused the argv: sglang serve: error: argument "
-                                 "--mamba-scheduler-strategy: invalid choice: 'extra' (choose from 'auto', "
-                                 "'no_buffer', 'extra_buffer')")
+    assert result["message"] == (
+        "SGLang's parser refused the argv: sglang serve: error: argument "
+        "--mamba-scheduler-strategy: invalid choice: 'extra' (choose from 'auto', "
+        "'no_buffer', 'extra_buffer')"
+    )
     with pytest.raises(launch_plan.PlanError, match=r"accepts only auto, extra_buffer, no_buffer: use one of them"):
         plan_for(sglang_check_venv, overrides={"--mamba-scheduler-strategy": "extra"})
 
@@ -136,11 +158,13 @@ def test_sglangs_parser_refuses_what_the_plan_refuses_first(sglang_check_venv, r
 def test_unknown_flags_fail_on_the_host_and_abbreviations_slip_through(sglang_check_venv, run_check, plan_for):
     """Why the plan wants flags in full: SGLang's argparse takes any unique prefix."""
     plan = plan_for(sglang_check_venv)
-    rc, result = run_check(sglang_check_venv, "sglang", plan["argv"] + ["--speculative-num-stepz", "3"],
-                           env=plan["env"])
+    rc, result = run_check(
+        sglang_check_venv, "sglang", plan["argv"] + ["--speculative-num-stepz", "3"], env=plan["env"]
+    )
     assert rc == 1
-    assert result["message"] == ("SGLang's parser refused the argv: sglang serve: error: unrecognized arguments: "
-                                 "--speculative-num-stepz 3")
+    assert result["message"] == (
+        "SGLang's parser refused the argv: sglang serve: error: unrecognized arguments: --speculative-num-stepz 3"
+    )
     rc, result = run_check(sglang_check_venv, "sglang", plan["argv"] + ["--max-running-req", "8"], env=plan["env"])
     assert rc == 3, "argparse accepted the abbreviation; only the plan refuses it"
 
@@ -151,15 +175,17 @@ def test_host_with_gpus_but_no_cuda_in_torch_is_refused(sglang_check_venv, run_c
     assert rc == 1
     assert result["message"] == (
         f"torch 2.13.0+cpu in {sglang_check_venv} sees no CUDA device although preflight found 2 GPU(s): check the "
-        "NVIDIA driver (torch is built for CUDA None).")
+        "NVIDIA driver (torch is built for CUDA None)."
+    )
 
 
 def test_missing_executable_is_refused(sglang_check_venv, run_check, plan_for, tmp_path):
     plan = plan_for(tmp_path / "no-venv")
     rc, result = run_check(sglang_check_venv, "sglang", plan["argv"], env=plan["env"])
     assert rc == 1
-    assert result["message"] == (f"the plan's executable {tmp_path}/no-venv/bin/sglang does not exist or is not "
-                                 "executable on this host")
+    assert result["message"] == (
+        f"the plan's executable {tmp_path}/no-venv/bin/sglang does not exist or is not executable on this host"
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -177,8 +203,12 @@ def dflash_plan(plan_for, model_dir, ct129_kwargs):
     def make(venv: Path, **settings: Any) -> dict[str, Any]:
         drafter = json.loads(DRAFTER_CONFIG.read_text())
         base = {k: v for k, v in ct129_kwargs["settings"].items() if not k.startswith("speculative_")}
-        return plan_for(venv, settings=dict(base, speculative_algorithm="DFLASH", **settings), draft_config=drafter,
-                        draft_path=str(model_dir(drafter)))
+        return plan_for(
+            venv,
+            settings=dict(base, speculative_algorithm="DFLASH", **settings),
+            draft_config=drafter,
+            draft_path=str(model_dir(drafter)),
+        )
 
     return make
 
@@ -202,7 +232,7 @@ def test_sglang_takes_the_draft_tokens_from_the_drafters_block_size(sglang_check
     plan = dflash_plan(sglang_check_venv, disable_radix_cache=True)
     argv = list(plan["argv"])
     i = argv.index("--speculative-num-draft-tokens")
-    del argv[i:i + 2]
+    del argv[i : i + 2]
     rc, result = run_check(sglang_check_venv, "sglang", argv, env=plan["env"])
     assert rc == 0, result
     assert result["resolved"]["speculative_num_draft_tokens"] == 16
@@ -217,25 +247,30 @@ def test_dflash_with_extra_buffer_passes_up_to_the_gpu_stop(sglang_check_venv, r
     assert result["error"] == GPU_ONLY_ERROR
 
 
-def test_dflash_without_a_drafter_makes_sglang_raise_and_the_plan_refuses_first(sglang_check_venv, run_check,
-                                                                                dflash_plan, launch_plan):
+def test_dflash_without_a_drafter_makes_sglang_raise_and_the_plan_refuses_first(
+    sglang_check_venv, run_check, dflash_plan, launch_plan
+):
     plan = dflash_plan(sglang_check_venv, disable_radix_cache=True)
     argv = list(plan["argv"])
     i = argv.index("--speculative-draft-model-path")
-    del argv[i:i + 2]
+    del argv[i : i + 2]
     rc, result = run_check(sglang_check_venv, "sglang", argv, env=plan["env"])
     assert rc == 1
-    assert result["message"] == "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path."
+    assert (
+        result["message"] == "ValueError: DFLASH speculative decoding requires setting --speculative-draft-model-path."
+    )
     with pytest.raises(launch_plan.PlanError, match="which drafts with a separate model, but no drafter is synced"):
         _refuse_without_drafter(launch_plan)
 
 
 def _refuse_without_drafter(launch_plan) -> None:
     """The DFLASH settings without a drafter, through the plan."""
+    # fmt: off
     launch_plan.build_plan(json.loads(QWEN_CONFIG.read_text()), engine="sglang", engine_version="0.5.11",
                            venv_dir="/v", model_path="/m", host="0.0.0.0", port=30000,
                            gpus=[{"index": 0, "name": "GPU", "memory_mib": 143771}] * 2,
                            settings={"tensor_parallel_size": 2, "speculative_algorithm": "DFLASH"})
+    # fmt: on
 
 
 # --------------------------------------------------------------------------------------
@@ -246,10 +281,18 @@ def _refuse_without_drafter(launch_plan) -> None:
 @pytest.fixture()
 def rehearsal_plan(launch_plan, tiny_config, model_dir, transformers_venv):
     model = model_dir(tiny_config)
-    return launch_plan.build_plan(tiny_config, engine="transformers", engine_version="5.6.0",
-                                  venv_dir=str(transformers_venv), model_path=str(model), host="127.0.0.1",
-                                  port=8000, gpus=[], settings={"device": "cpu", "dtype": "auto"},
-                                  cache_dir=str(model.parent / "cache"))
+    return launch_plan.build_plan(
+        tiny_config,
+        engine="transformers",
+        engine_version="5.6.0",
+        venv_dir=str(transformers_venv),
+        model_path=str(model),
+        host="127.0.0.1",
+        port=8000,
+        gpus=[],
+        settings={"device": "cpu", "dtype": "auto"},
+        cache_dir=str(model.parent / "cache"),
+    )
 
 
 def test_transformers_plan_passes_transformers_serves_parser(transformers_venv, run_check, rehearsal_plan):
@@ -266,8 +309,9 @@ def test_transformers_serve_refuses_a_bad_value(transformers_venv, run_check, re
     argv[argv.index("--port") + 1] = "eighty"
     rc, result = run_check(transformers_venv, "transformers", argv, env=rehearsal_plan["env"])
     assert rc == 1
-    assert result["message"] == ("transformers serve refused the argv: Invalid value for '--port': 'eighty' is not "
-                                 "a valid integer.")
+    assert result["message"] == (
+        "transformers serve refused the argv: Invalid value for '--port': 'eighty' is not a valid integer."
+    )
 
 
 def test_transformers_check_refuses_an_unknown_model_type(transformers_venv, run_check, rehearsal_plan):
@@ -284,28 +328,44 @@ def test_transformers_check_refuses_an_unknown_model_type(transformers_venv, run
 # --------------------------------------------------------------------------------------
 
 
-def run_role_tasks(tmp_path: Path, facts: dict[str, Any], tasks_from: list[str],
-                   check_mode: bool = True) -> subprocess.CompletedProcess:
+def run_role_tasks(
+    tmp_path: Path, facts: dict[str, Any], tasks_from: list[str], check_mode: bool = True
+) -> subprocess.CompletedProcess:
     """Run role task files on this machine (connection local) with ``facts`` as extra vars."""
-    tasks = "\n".join(f"""    - name: Run inference_server {name}
+    tasks = "\n".join(
+        f"""    - name: Run inference_server {name}
       ansible.builtin.include_role:
         name: inference_server
-        tasks_from: {name}""" for name in tasks_from)
+        tasks_from: {name}"""
+        for name in tasks_from
+    )
     playbook = tmp_path / "play.yml"
-    playbook.write_text(textwrap.dedent("""\
+    playbook.write_text(
+        textwrap.dedent("""\
         - name: Exercise the launch plan tasks
           hosts: localhost
           gather_facts: false
           tasks:
-        """) + tasks + "\n")
+        """)
+        + tasks
+        + "\n"
+    )
     (tmp_path / "facts.json").write_text(json.dumps(facts))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCALHOST_WARNING": "False", "ANSIBLE_DEPRECATION_WARNINGS": "False",
-           "DEPLOY_CACHE_DIR": str(cache_dir()), "ANSIBLE_PYTHON_INTERPRETER": sys.executable}
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+        "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "DEPLOY_CACHE_DIR": str(cache_dir()),
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+    }
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
-    return subprocess.run(cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env,
-                          check=False)
+    return subprocess.run(
+        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
+    )
 
 
 @pytest.fixture()
@@ -313,13 +373,17 @@ def role_facts(sglang_check_venv, model_dir, ct129) -> dict[str, Any]:
     offline = ct129["offline"]
     group = ct129["group"]
     return {
-        "preflight_gpus": offline["gpus"], "ml_env_venv_dir": str(sglang_check_venv),
+        "preflight_gpus": offline["gpus"],
+        "ml_env_venv_dir": str(sglang_check_venv),
         "ml_env_engine_version": offline["engine_version"],
         "model_sync_model_dir": str(model_dir(json.loads(QWEN_CONFIG.read_text()))),
-        "model_sync_config": json.loads(QWEN_CONFIG.read_text()), "model_sync_weights_bytes": offline["weights_bytes"],
-        "inference_server_engine": group["inference_server_engine"], "inference_server_host": "127.0.0.1",
+        "model_sync_config": json.loads(QWEN_CONFIG.read_text()),
+        "model_sync_weights_bytes": offline["weights_bytes"],
+        "inference_server_engine": group["inference_server_engine"],
+        "inference_server_host": "127.0.0.1",
         "inference_server_port": group["inference_server_port"],
-        "inference_server_settings": group["inference_server_settings"], "inference_server_overrides": {},
+        "inference_server_settings": group["inference_server_settings"],
+        "inference_server_overrides": {},
         "inference_server_cache_dir": str(cache_dir() / "jit"),
         "inference_server_check_requires_gpu": False,
     }
@@ -333,15 +397,23 @@ def test_validate_tasks_pass_the_plan_in_check_mode(tmp_path, role_facts):
 
 
 def test_validate_tasks_stop_the_play_with_sglangs_message(tmp_path, role_facts, sglang_check_venv):
-    argv = [str(sglang_check_venv / "bin" / "python3"), "-m", "sglang.launch_server", "--model-path",
-            role_facts["model_sync_model_dir"], *ORIGIN_FLAGS]
+    argv = [
+        str(sglang_check_venv / "bin" / "python3"),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        role_facts["model_sync_model_dir"],
+        *ORIGIN_FLAGS,
+    ]
     facts = dict(role_facts, inference_server_plan={"argv": argv, "env": {}, "notes": []})
     proc = run_role_tasks(tmp_path, facts, ["validate.yml"])
     assert proc.returncode == 2, proc.stdout[-4000:]
     assert "Stop the play with the engine's own message when it refuses the plan" in proc.stdout
     flat = " ".join(proc.stdout.split())
-    assert (f"The sglang launch plan was refused by the engine's own check (exit 1): ValueError: "
-            f"{SGLANG_RADIX_ERROR} (at sglang/srt/server_args.py:2453 in _handle_mamba_radix_cache)") in flat
+    assert (
+        f"The sglang launch plan was refused by the engine's own check (exit 1): ValueError: "
+        f"{SGLANG_RADIX_ERROR} (at sglang/srt/server_args.py:2453 in _handle_mamba_radix_cache)"
+    ) in flat
 
 
 def test_check_mode_skips_the_check_before_the_venv_exists(tmp_path, role_facts):
@@ -349,12 +421,15 @@ def test_check_mode_skips_the_check_before_the_venv_exists(tmp_path, role_facts)
     proc = run_role_tasks(tmp_path, facts, ["plan.yml", "validate.yml"])
     assert proc.returncode == 0, proc.stdout[-4000:]
     flat = " ".join(proc.stdout.split()).replace("''", "'")  # the YAML callback doubles quotes
-    assert (f"Check mode: {tmp_path}/not-built-yet/bin/python not on the host yet (ml_env and model_sync only "
-            "report in check mode), so the engine's own check runs on the real deploy.") in flat
+    assert (
+        f"Check mode: {tmp_path}/not-built-yet/bin/python not on the host yet (ml_env and model_sync only "
+        "report in check mode), so the engine's own check runs on the real deploy."
+    ) in flat
     assert "Check the launch plan with the engine's own parser" not in flat
 
     proc = run_role_tasks(tmp_path, facts, ["plan.yml", "validate.yml"], check_mode=False)
     assert proc.returncode == 2, proc.stdout[-4000:]
-    assert (f"The launch plan cannot be checked: {tmp_path}/not-built-yet/bin/python missing on the host, although "
-            "ml_env and model_sync ran before: check ml_env_venv_dir and model_sync_model_dir.") in " ".join(
-                proc.stdout.split())
+    assert (
+        f"The launch plan cannot be checked: {tmp_path}/not-built-yet/bin/python missing on the host, although "
+        "ml_env and model_sync ran before: check ml_env_venv_dir and model_sync_model_dir."
+    ) in " ".join(proc.stdout.split())

@@ -1,4 +1,5 @@
 """The systemd rendering filters: every argv survives systemd's own command-line parser."""
+
 from __future__ import annotations
 
 import shlex
@@ -17,12 +18,31 @@ def systemd_split(line: str) -> list[str]:
     return [w.replace("$$", "$").replace("%%", "%") for w in words]
 
 
-@pytest.mark.parametrize("argv", [
-    ["/opt/ml-env.d/abc/bin/sglang", "serve", "--model-path", "/root/models/Qwen3.6-27B",
-     "--speculative-num-steps", "3", "--trust-remote-code"],
-    ["/v/bin/python", "-m", "sglang.launch_server", "--served-model-name", "my model \"x\"",
-     "--chat-template", "{% if a %}$HOME{% endif %}", "--api-key", "a\\b"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [
+            "/opt/ml-env.d/abc/bin/sglang",
+            "serve",
+            "--model-path",
+            "/root/models/Qwen3.6-27B",
+            "--speculative-num-steps",
+            "3",
+            "--trust-remote-code",
+        ],
+        [
+            "/v/bin/python",
+            "-m",
+            "sglang.launch_server",
+            "--served-model-name",
+            'my model "x"',
+            "--chat-template",
+            "{% if a %}$HOME{% endif %}",
+            "--api-key",
+            "a\\b",
+        ],
+    ],
+)
 def test_exec_lines_round_trip_through_systemd_quoting(argv):
     lines = systemd_exec_lines(argv)
     assert systemd_split(" ".join(lines)) == argv

@@ -21,14 +21,15 @@ How: ``tools/build-sglang-check-venv`` copies this file into the check venv's
 site-packages and adds a ``.pth`` line that calls :func:`install`. The finder costs
 nothing until ``torchvision`` is imported. Production venvs never get it.
 """
+
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
 
 _KEEP: list[object] = []
 SCHEMAS = (
@@ -62,8 +63,9 @@ class _TorchvisionFinder(importlib.abc.MetaPathFinder):
 
     done = False
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
         """Never finds a module itself; only prepares torch for torchvision."""
         if fullname != "torchvision" or self.done:
             return None

@@ -7,6 +7,7 @@ it appends a summary line: the longest time between two consecutive answers (the
 gap, an upper bound of "last answer of the old server to first answer of the new"), and
 the counts.
 """
+
 import json
 import os
 import sys
@@ -16,10 +17,12 @@ import urllib.request
 
 def ask(url: str, model: str) -> bool:
     """One chat request; whether it was answered with a completion."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "def add(a, b):"}],
-                       "max_tokens": 2, "temperature": 0}).encode()
-    request = urllib.request.Request(url + "/v1/chat/completions", data=body,
-                                     headers={"content-type": "application/json"})
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": "def add(a, b):"}], "max_tokens": 2, "temperature": 0}
+    ).encode()
+    request = urllib.request.Request(
+        url + "/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as answer:
             return answer.status == 200 and "choices" in json.loads(answer.read())
@@ -43,11 +46,21 @@ def main() -> int:
             else:
                 errors += 1
             time.sleep(max(0.0, 0.2 - (time.time() - sent)))
-        gaps = [(b - a, a, b) for a, b in zip(answers, answers[1:])]
+        gaps = [(b - a, a, b) for a, b in zip(answers, answers[1:])]  # noqa: B905 - the test host's python3 may predate 3.10 (no strict=)
         gap, last_old, first_new = max(gaps) if gaps else (None, None, None)
-        out.write(json.dumps({"summary": True, "answers": len(answers), "errors": errors,
-                              "gap_s": round(gap, 3) if gap is not None else None,
-                              "last_answer_before_gap": last_old, "first_answer_after_gap": first_new}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "summary": True,
+                    "answers": len(answers),
+                    "errors": errors,
+                    "gap_s": round(gap, 3) if gap is not None else None,
+                    "last_answer_before_gap": last_old,
+                    "first_answer_after_gap": first_new,
+                }
+            )
+            + "\n"
+        )
     return 0
 
 

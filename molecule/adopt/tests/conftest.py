@@ -1,4 +1,5 @@
 """Make each test's outcome visible to fixtures (used to dump the journal on failure)."""
+
 import pytest
 
 

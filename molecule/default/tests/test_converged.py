@@ -1,5 +1,6 @@
 """The converged fast path on a real host (side_effect.yml): a no-op deploy skips the roles
 and changes nothing; each kind of drift alone is found, named, and put back by the roles."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,9 +15,11 @@ REPO = Path(__file__).resolve().parents[3]
 MODEL = Path(os.environ.get("DEPLOY_CACHE_DIR", REPO / ".cache")) / "models/tiny-qwen3.5"
 SHARD = "model-00004-of-00004.safetensors"
 # A task of each skipped role that every full run reaches.
-FULL_PATH_TASKS = ["ml_env : Compare the installed packages with the lock",
-                   "model_sync : Push the model from the controller into the incoming snapshot",
-                   "inference_server : Render the systemd unit"]
+FULL_PATH_TASKS = [
+    "ml_env : Compare the installed packages with the lock",
+    "model_sync : Push the model from the controller into the incoming snapshot",
+    "inference_server : Render the systemd unit",
+]
 
 
 def deploy_run(step: str) -> dict:
@@ -50,14 +53,26 @@ def test_a_no_op_deploy_skips_the_roles_changes_nothing_and_still_gates():
     assert "gate PASS" in run["output"]
 
 
-@pytest.mark.parametrize("step, reason, repair", [
-    ("venv_drift", r"The venv /opt/ml-env\.d/\w+ changed: removed \['mdurl-[\d.]+\.dist-info'\], added nothing\.",
-     "ml_env : Install exactly the locked packages"),
-    ("model_drift", rf"/srv/models/tiny-qwen3\.5/revisions/\w+: {SHARD} changed \(size, mtime, mode or owner\)\.",
-     "model_sync : Push the model from the controller into the incoming snapshot"),
-    ("service_stopped", r"The unit inference-server is inactive, not active\.",
-     "inference_server : Start the server if it is stopped and nothing asked for a restart"),
-])
+@pytest.mark.parametrize(
+    "step, reason, repair",
+    [
+        (
+            "venv_drift",
+            r"The venv /opt/ml-env\.d/\w+ changed: removed \['mdurl-[\d.]+\.dist-info'\], added nothing\.",
+            "ml_env : Install exactly the locked packages",
+        ),
+        (
+            "model_drift",
+            rf"/srv/models/tiny-qwen3\.5/revisions/\w+: {SHARD} changed \(size, mtime, mode or owner\)\.",
+            "model_sync : Push the model from the controller into the incoming snapshot",
+        ),
+        (
+            "service_stopped",
+            r"The unit inference-server is inactive, not active\.",
+            "inference_server : Start the server if it is stopped and nothing asked for a restart",
+        ),
+    ],
+)
 def test_drift_alone_is_named_and_put_back_by_the_roles(step, reason, repair):
     run = deploy_run(step)
     assert run["rc"] == 0, run["output"][-3000:]

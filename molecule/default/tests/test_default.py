@@ -1,4 +1,5 @@
 """testinfra checks of a rehearsal host after `deploy.yml`: venv, model, unit, service, gate."""
+
 from __future__ import annotations
 
 import json

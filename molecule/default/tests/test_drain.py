@@ -6,6 +6,7 @@ restart once the server took them all, and measures every stream, then the first
 the new server. The downtime printed is from the old server's last token to the new
 server's first token (the stop drains first, so it is the new server's start).
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,7 +17,7 @@ PORT = 8000
 STREAMS = 3
 TOKENS = 128
 
-PROBE = r'''
+PROBE = r"""
 import json, os, socket, subprocess, sys, threading, time, urllib.request
 port, model, streams, tokens, unit = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 url = "http://127.0.0.1:%d/v1/chat/completions" % port
@@ -66,7 +67,8 @@ while not (any(r.get("first") for r in results) and journal_count("[Request rece
         print(json.dumps({"error": "the streams never started", "streams": results}))
         sys.exit(1)
     time.sleep(0.2)
-pid_before = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit], capture_output=True, text=True).stdout.strip()
+pid_before = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
+                            capture_output=True, text=True).stdout.strip()
 # The unit allows inference_server_start_limit_burst (3) starts an hour, restarts by hand
 # included; the scenario's deploys and drifts have used them. Clear the count, as a
 # deploy does before its deliberate restarts, so this restart is not refused.
@@ -115,7 +117,7 @@ print(json.dumps({"streams": results, "restart": restart, "port_closed_s": close
                   "new_first_token_s": new.get("first") and new["first"] - restart,
                   "downtime_s": (new.get("first") and last_old) and new["first"] - last_old,
                   "pid_before": pid_before, "unit": state, "unit_processes": procs}))
-'''
+"""
 
 
 def test_a_restart_lets_every_stream_in_flight_finish_and_reports_the_downtime(host):
@@ -123,19 +125,26 @@ def test_a_restart_lets_every_stream_in_flight_finish_and_reports_the_downtime(h
     unit = host.file(f"/etc/systemd/system/{UNIT}.service").content_string
     assert f" serve {model} " in unit, "the probe must ask for the model the unit serves"
     encoded = base64.b64encode(PROBE.encode()).decode()
-    run = host.run(f"echo {encoded} | base64 -d > /tmp/drain-probe.py && "
-                   f"python3 /tmp/drain-probe.py {PORT} {model} {STREAMS} {TOKENS} {UNIT}")
+    run = host.run(
+        f"echo {encoded} | base64 -d > /tmp/drain-probe.py && "
+        f"python3 /tmp/drain-probe.py {PORT} {model} {STREAMS} {TOKENS} {UNIT}"
+    )
     assert run.rc == 0, run.stdout + run.stderr
     report = json.loads(run.stdout.strip().splitlines()[-1])
     for i, stream in enumerate(report["streams"]):
-        print("stream %d: %s tokens, finish %s, error %s, ended %.2f s after the restart was asked" % (
-            i, stream.get("tokens"), stream.get("finish"), stream.get("error"), stream["ended"] - report["restart"]))
-    print("old server: port closed %.2f s and last token %.2f s after the restart was asked; new server: first "
-          "token %.2f s after it; downtime (old last token to new first token) %.2f s" % (
-              report["port_closed_s"], report["last_old_token_s"], report["new_first_token_s"],
-              report["downtime_s"]))
+        print(
+            "stream {:d}: {} tokens, finish {}, error {}, ended {:.2f} s after the restart was asked".format(
+                i, stream.get("tokens"), stream.get("finish"), stream.get("error"), stream["ended"] - report["restart"]
+            )
+        )
+    print(
+        "old server: port closed {:.2f} s and last token {:.2f} s after the restart was asked; new server: first "
+        "token {:.2f} s after it; downtime (old last token to new first token) {:.2f} s".format(
+            report["port_closed_s"], report["last_old_token_s"], report["new_first_token_s"], report["downtime_s"]
+        )
+    )
     cut = [s for s in report["streams"] if s.get("error") or s.get("finish") != "length" or s.get("tokens") != TOKENS]
-    assert not cut, "%d of %d streams were cut by the restart: %s" % (len(cut), STREAMS, report)
+    assert not cut, f"{len(cut):d} of {STREAMS:d} streams were cut by the restart: {report}"
     assert all(s["ended"] > report["restart"] for s in report["streams"]), "a stream ended before the restart"
     # systemd's own reading of the unit, and a new main process that serves.
     assert report["unit"]["KillMode"] == "mixed"

@@ -1,4 +1,5 @@
 """Final state of the mirror scenario on the sim host (testinfra)."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,7 @@ import os
 
 import testinfra.utils.ansible_runner
 
-testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(
-    os.environ["MOLECULE_INVENTORY_FILE"]).get_hosts("sims")
+testinfra_hosts = testinfra.utils.ansible_runner.AnsibleRunner(os.environ["MOLECULE_INVENTORY_FILE"]).get_hosts("sims")
 
 DEST = "/srv/models/tiny-qwen3.5"
 MIRROR_R3 = "/srv/mirror/tiny-qwen3.5/r3"
@@ -52,8 +52,9 @@ def test_no_leftovers_of_the_interrupted_transfer(host):
 
 
 def test_noop_reads_no_model_content(host):
-    cmd = ENGINE + ["deploy", DEST, "--source-host", "ms-mirror", "--source-path", MIRROR_R3,
-                    "--reserve-mib", "16"] + SSH
+    cmd = (
+        ENGINE + ["deploy", DEST, "--source-host", "ms-mirror", "--source-path", MIRROR_R3, "--reserve-mib", "16"] + SSH
+    )
     result = json.loads(host.check_output(" ".join(cmd)))
     assert result["changed"] is False
     assert result["stats"]["bytes_hashed"] == 0

@@ -5,6 +5,7 @@
 to a client without a token that has been granted access), so huggingface_hub raises
 GatedRepoError. The real Hub cannot be reached from the machines this project is tested on.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ class Gated(BaseHTTPRequestHandler):
 
     def log_message(self, fmt: str, *args: object) -> None:
         """Log the request line (with the Authorization header's presence, never its value)."""
-        sys.stderr.write("%s auth=%s\n" % (fmt % args, "yes" if self.headers.get("authorization") else "no"))
+        sys.stderr.write("{} auth={}\n".format(fmt % args, "yes" if self.headers.get("authorization") else "no"))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Each test records a row with :func:`record`; at the end of the session the rows 
 to ``$RELIABILITY_RESULTS`` (default ``<repo>/artifacts/reliability/results.json``), which
 ``tools/reliability-report`` renders as docs/reliability.md.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,9 +25,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any
 
 import pytest
 import yaml
@@ -40,15 +42,21 @@ CACHE = Path(os.environ.get("DEPLOY_CACHE_DIR") or REPO / ".cache")
 RESULTS = Path(os.environ.get("RELIABILITY_RESULTS") or REPO / "artifacts" / "reliability" / "results.json")
 # Small gate settings for the many deploys of the scenario (the thresholds stay those of the
 # rehearsal profile); a failing case never reaches the gate.
-FAST_GATE = {"health_gate_warmup_requests": 1, "health_gate_requests": 2, "health_gate_max_tokens": 32,
-             "health_gate_request_timeout_s": 20, "health_gate_health_timeout_s": 5,
-             "health_gate_ready_timeout_s": 120}
+FAST_GATE = {
+    "health_gate_warmup_requests": 1,
+    "health_gate_requests": 2,
+    "health_gate_max_tokens": 32,
+    "health_gate_request_timeout_s": 20,
+    "health_gate_health_timeout_s": 5,
+    "health_gate_ready_timeout_s": 120,
+}
 # Known fake secrets: set 0 is vaulted in the inventory from the start (the first changing
 # deploy renders it); set 1 is rotated in by the deploy that crashes, and rolled back. Every
 # output and file is searched for both.
-SECRETS = [{"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"}
-           for i in range(2)]
-ROWS: List[Dict[str, Any]] = []
+SECRETS = [
+    {"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"} for i in range(2)
+]
+ROWS: list[dict[str, Any]] = []
 STARTED = time.time()
 
 
@@ -57,10 +65,11 @@ STARTED = time.time()
 # --------------------------------------------------------------------------------------
 
 
-def dexec(*argv: str, check: bool = True, timeout: float = 120, stdin: Optional[str] = None) -> str:
+def dexec(*argv: str, check: bool = True, timeout: float = 120, stdin: str | None = None) -> str:
     """Run a command in the container; its stdout."""
-    proc = subprocess.run(["docker", "exec", "-i", HOST, *argv], capture_output=True, text=True,
-                          timeout=timeout, input=stdin)
+    proc = subprocess.run(
+        ["docker", "exec", "-i", HOST, *argv], capture_output=True, text=True, timeout=timeout, input=stdin
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"docker exec {' '.join(argv)} failed ({proc.returncode}): {proc.stderr}{proc.stdout}")
     return proc.stdout
@@ -73,21 +82,24 @@ def sh(script: str, check: bool = True, timeout: float = 120) -> str:
 
 def put(path: str, content: str, mode: str = "0644") -> None:
     """Write a file in the container."""
-    dexec("sh", "-c", f"mkdir -p \"$(dirname {path})\" && cat > {path} && chmod {mode} {path}", stdin=content)
+    dexec("sh", "-c", f'mkdir -p "$(dirname {path})" && cat > {path} && chmod {mode} {path}', stdin=content)
 
 
-def unit_props(*names: str) -> Dict[str, str]:
+def unit_props(*names: str) -> dict[str, str]:
     """systemctl show of the server's unit."""
     out = dexec("systemctl", "show", UNIT, *[f"-p{n}" for n in names])
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
-def server_state() -> Dict[str, Any]:
+def server_state() -> dict[str, Any]:
     """What 'the host still serves, untouched' means here: the same process, unit, venv and model."""
     props = unit_props("MainPID", "ExecMainStartTimestamp", "ActiveState", "NRestarts")
-    files = sh(f"sha256sum /etc/systemd/system/{UNIT}.service /etc/{UNIT}/secrets.env | cut -c1-16; "
-               "readlink /opt/ml-env; readlink /srv/models/tiny-qwen3.5/current; "
-               "test -e /run/lock/llm-deploy.lock && echo LOCK-HELD || echo no-lock", check=False).split()
+    files = sh(
+        f"sha256sum /etc/systemd/system/{UNIT}.service /etc/{UNIT}/secrets.env | cut -c1-16; "
+        "readlink /opt/ml-env; readlink /srv/models/tiny-qwen3.5/current; "
+        "test -e /run/lock/llm-deploy.lock && echo LOCK-HELD || echo no-lock",
+        check=False,
+    ).split()
     return {**props, "files": files}
 
 
@@ -103,9 +115,14 @@ def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.
 
 def healthy() -> bool:
     """/health of the server answers 200 (asked from inside the container)."""
-    out = dexec("python3", "-c", "import urllib.request,sys\ntry:\n print(urllib.request.urlopen("
-                f"'http://127.0.0.1:{PORT}/health', timeout=3).status)\nexcept Exception as e:\n print(e)",
-                check=False, timeout=30)
+    out = dexec(
+        "python3",
+        "-c",
+        "import urllib.request,sys\ntry:\n print(urllib.request.urlopen("
+        f"'http://127.0.0.1:{PORT}/health', timeout=3).status)\nexcept Exception as e:\n print(e)",
+        check=False,
+        timeout=30,
+    )
     return out.strip() == "200"
 
 
@@ -119,14 +136,14 @@ class Run:
     """One ansible-playbook run: exit status, events, the final failure, timings."""
 
     rc: int
-    events: List[Dict[str, Any]]
+    events: list[dict[str, Any]]
     stdout: str
     stderr: str
     duration_s: float
     killed: bool = False
-    marks: Dict[str, float] = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)
 
-    def failures(self) -> List[Dict[str, Any]]:
+    def failures(self) -> list[dict[str, Any]]:
         """(task name, result) of every failed, non-ignored task result, in order."""
         out = []
         for event in self.events:
@@ -149,19 +166,23 @@ class Run:
         failures = self.failures()
         return failures[-1]["task"] if failures else ""
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """The recap of the first host."""
         for event in self.events:
             if event.get("_event") == "v2_playbook_on_stats":
                 return next(iter(event["stats"].values()), {})
         return {}
 
-    def changed_tasks(self) -> List[str]:
+    def changed_tasks(self) -> list[str]:
         """Names of the tasks that reported a change."""
-        return [e["task"]["name"] for e in self.events if e.get("_event") == "v2_runner_on_ok"
-                and any(isinstance(r, dict) and r.get("changed") for r in (e.get("hosts") or {}).values())]
+        return [
+            e["task"]["name"]
+            for e in self.events
+            if e.get("_event") == "v2_runner_on_ok"
+            and any(isinstance(r, dict) and r.get("changed") for r in (e.get("hosts") or {}).values())
+        ]
 
-    def warnings(self) -> List[str]:
+    def warnings(self) -> list[str]:
         """Warnings returned by modules."""
         found = []
         for event in self.events:
@@ -183,29 +204,53 @@ class Deployer:
         self.inventory = workdir / "inventory" / "hosts.yml"
         self.inventory.parent.mkdir(parents=True, exist_ok=True)
         docker = {"ansible_connection": "community.docker.docker", "ansible_host": HOST}
-        self.inventory.write_text(yaml.safe_dump({"all": {
-            "hosts": {"rel-noprofile": docker},
-            "children": {"rehearsal": {"hosts": {"rel-molecule": docker}},
-                         "sglang_servers": {"hosts": {"rel-gpu": docker}}}}}))
+        self.inventory.write_text(
+            yaml.safe_dump(
+                {
+                    "all": {
+                        "hosts": {"rel-noprofile": docker},
+                        "children": {
+                            "rehearsal": {"hosts": {"rel-molecule": docker}},
+                            "sglang_servers": {"hosts": {"rel-gpu": docker}},
+                        },
+                    }
+                }
+            )
+        )
         self.count = 0
         # Every run's output, for the secrets test: (label, text).
-        self.outputs: List[Any] = []
+        self.outputs: list[Any] = []
         # Fake secrets, vaulted in the inventory's host_vars as an operator would keep them.
         self.vault_password = workdir / "vault-password"
         self.vault_password.write_text("reliability-scenario-vault-password\n")
         self.vault_password.chmod(0o600)
         self.set_secrets(SECRETS[0])
-    def env(self, callback: str = "ansible.posix.jsonl") -> Dict[str, str]:
+
+    def env(self, callback: str = "ansible.posix.jsonl") -> dict[str, str]:
         """The environment of a run: the repository's ansible.cfg, nothing of molecule's."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-        env.update({"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-                    "ANSIBLE_STDOUT_CALLBACK": callback, "ANSIBLE_DEPRECATION_WARNINGS": "False",
-                    "PYTHONUNBUFFERED": "1", "PATH": f"{BIN}:{env.get('PATH', '')}",
-                    "DEPLOY_CACHE_DIR": str(CACHE)})
+        env.update(
+            {
+                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_STDOUT_CALLBACK": callback,
+                "ANSIBLE_DEPRECATION_WARNINGS": "False",
+                "PYTHONUNBUFFERED": "1",
+                "PATH": f"{BIN}:{env.get('PATH', '')}",
+                "DEPLOY_CACHE_DIR": str(CACHE),
+            }
+        )
         return env
 
-    def command(self, limit: str, extra: Optional[Dict[str, Any]], args: List[str], playbook: str,
-                fast_gate: bool, verbose: bool = False) -> List[str]:
+    def command(
+        self,
+        limit: str,
+        extra: dict[str, Any] | None,
+        args: list[str],
+        playbook: str,
+        fast_gate: bool,
+        verbose: bool = False,
+    ) -> list[str]:
         """The ansible-playbook command line; extra variables go in a file of this session.
 
         ``verbose`` adds ``-vvvv --diff``: the output is then part of what the secrets test greps.
@@ -214,24 +259,54 @@ class Deployer:
         variables = dict(FAST_GATE if fast_gate else {}, **(extra or {}))
         varfile = self.workdir / f"vars-{self.count}.json"
         varfile.write_text(json.dumps(variables))
-        return [str(BIN / "ansible-playbook"), "-i", str(self.inventory), str(REPO / playbook), "-l", limit,
-                "-e", f"@{varfile}", "--vault-password-file", str(self.vault_password),
-                *(["-vvvv", "--diff"] if verbose else []), *args]
+        return [
+            str(BIN / "ansible-playbook"),
+            "-i",
+            str(self.inventory),
+            str(REPO / playbook),
+            "-l",
+            limit,
+            "-e",
+            f"@{varfile}",
+            "--vault-password-file",
+            str(self.vault_password),
+            *(["-vvvv", "--diff"] if verbose else []),
+            *args,
+        ]
 
-    def run(self, extra: Optional[Dict[str, Any]] = None, limit: str = "rel-molecule", args: Optional[List[str]] = None,
-            playbook: str = "deploy.yml", watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]] = None,
-            timeout: float = 600, fast_gate: bool = True, callback: str = "ansible.posix.jsonl",
-            verbose: bool = False) -> Run:
+    def run(
+        self,
+        extra: dict[str, Any] | None = None,
+        limit: str = "rel-molecule",
+        args: list[str] | None = None,
+        playbook: str = "deploy.yml",
+        watch: Callable[[dict[str, Any], RunHandle], None] | None = None,
+        timeout: float = 600,
+        fast_gate: bool = True,
+        callback: str = "ansible.posix.jsonl",
+        verbose: bool = False,
+    ) -> Run:
         """Run to the end; ``watch(event, handle)`` sees each event as it comes (it may kill the run)."""
-        handle = RunHandle(self.command(limit, extra, list(args or []), playbook, fast_gate, verbose),
-                           self.env(callback))
+        handle = RunHandle(
+            self.command(limit, extra, list(args or []), playbook, fast_gate, verbose), self.env(callback)
+        )
         run = handle.wait(watch, timeout)
-        self.outputs.append((("-vvvv --diff " if verbose else "") + " ".join(args or []) + f" run {self.count}",
-                             run.stdout + run.stderr))
+        self.outputs.append(
+            (
+                ("-vvvv --diff " if verbose else "") + " ".join(args or []) + f" run {self.count}",
+                run.stdout + run.stderr,
+            )
+        )
         return run
 
-    def start(self, extra: Optional[Dict[str, Any]] = None, limit: str = "rel-molecule",
-              args: Optional[List[str]] = None, fast_gate: bool = True, verbose: bool = False) -> "RunHandle":
+    def start(
+        self,
+        extra: dict[str, Any] | None = None,
+        limit: str = "rel-molecule",
+        args: list[str] | None = None,
+        fast_gate: bool = True,
+        verbose: bool = False,
+    ) -> RunHandle:
         """Start a run in the background (its output is kept for the secrets test when it ends)."""
         handle = RunHandle(self.command(limit, extra, list(args or []), "deploy.yml", fast_gate, verbose), self.env())
         handle.background()
@@ -239,38 +314,58 @@ class Deployer:
         handle.on_end = lambda run: self.outputs.append((label, run.stdout + run.stderr))
         return handle
 
-
-    def set_secrets(self, values: Dict[str, str]) -> None:
+    def set_secrets(self, values: dict[str, str]) -> None:
         """Vault ``values`` (hf_token, api_key) into host_vars/rel-molecule of this session's inventory."""
         host_vars = self.inventory.parent / "host_vars" / "rel-molecule"
         host_vars.mkdir(parents=True, exist_ok=True)
-        (host_vars / "settings.yml").write_text(yaml.safe_dump({
-            # transformers serve cannot enforce a key; the scenario rehearses the key's path.
-            "inference_server_allow_unenforced_api_key": True}))
+        (host_vars / "settings.yml").write_text(
+            yaml.safe_dump(
+                {
+                    # transformers serve cannot enforce a key; the scenario rehearses the key's path.
+                    "inference_server_allow_unenforced_api_key": True
+                }
+            )
+        )
         vault = host_vars / "secrets.yml"
-        vault.write_text(yaml.safe_dump({
-            "model_sync_hf_token": values["hf_token"],
-            "inference_server_api_key": values["api_key"],
-            "inference_server_secrets": {"HF_TOKEN": values["hf_token"]}}))
-        subprocess.run([str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(self.vault_password),
-                        str(vault)], check=True, capture_output=True, env=self.env())
+        vault.write_text(
+            yaml.safe_dump(
+                {
+                    "model_sync_hf_token": values["hf_token"],
+                    "inference_server_api_key": values["api_key"],
+                    "inference_server_secrets": {"HF_TOKEN": values["hf_token"]},
+                }
+            )
+        )
+        subprocess.run(
+            [str(BIN / "ansible-vault"), "encrypt", "--vault-password-file", str(self.vault_password), str(vault)],
+            check=True,
+            capture_output=True,
+            env=self.env(),
+        )
         assert values["api_key"].encode() not in vault.read_bytes()
 
 
 class RunHandle:
     """A running ansible-playbook: its events as they come, and a way to kill it like a crash."""
 
-    def __init__(self, argv: List[str], env: Dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     cwd=str(REPO), start_new_session=True)
-        self.events: List[Dict[str, Any]] = []
-        self.lines: List[str] = []
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=str(REPO),
+            start_new_session=True,
+        )
+        self.events: list[dict[str, Any]] = []
+        self.lines: list[str] = []
         self.killed = False
-        self.marks: Dict[str, float] = {}
-        self._thread: Optional[threading.Thread] = None
-        self.on_end: Optional[Callable[[Run], None]] = None
-        self._stderr: List[str] = []
+        self.marks: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self.on_end: Callable[[Run], None] | None = None
+        self._stderr: list[str] = []
         threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True).start()
 
     def mark(self, name: str) -> float:
@@ -287,7 +382,7 @@ class RunHandle:
         except ProcessLookupError:
             pass
 
-    def _read(self, watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]]) -> None:
+    def _read(self, watch: Callable[[dict[str, Any], RunHandle], None] | None) -> None:
         for line in self.proc.stdout:
             self.lines.append(line)
             if not line.startswith("{"):
@@ -305,7 +400,7 @@ class RunHandle:
         self._thread = threading.Thread(target=self._read, args=(None,), daemon=True)
         self._thread.start()
 
-    def wait(self, watch: Optional[Callable[[Dict[str, Any], "RunHandle"], None]] = None, timeout: float = 600) -> Run:
+    def wait(self, watch: Callable[[dict[str, Any], RunHandle], None] | None = None, timeout: float = 600) -> Run:
         """Read (unless in the background) and wait for the end."""
         timer = threading.Timer(timeout, self.kill)
         timer.start()
@@ -318,14 +413,21 @@ class RunHandle:
         finally:
             timer.cancel()
         time.sleep(0.1)
-        run = Run(rc=rc, events=self.events, stdout="".join(self.lines), stderr="".join(self._stderr),
-                  duration_s=round(time.monotonic() - self.started, 1), killed=self.killed, marks=self.marks)
+        run = Run(
+            rc=rc,
+            events=self.events,
+            stdout="".join(self.lines),
+            stderr="".join(self._stderr),
+            duration_s=round(time.monotonic() - self.started, 1),
+            killed=self.killed,
+            marks=self.marks,
+        )
         if self.on_end is not None:
             self.on_end(run)
         return run
 
 
-def task_started(event: Dict[str, Any], name: str) -> bool:
+def task_started(event: dict[str, Any], name: str) -> bool:
     """Whether ``event`` is the start of the task (or handler) named ``name`` (suffix match)."""
     if event.get("_event") not in ("v2_playbook_on_task_start", "v2_playbook_on_handler_task_start"):
         return False
@@ -346,7 +448,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def deployer(workdir: Path) -> Deployer:
     """Runs deploy.yml against the container."""
-    for tool in ("docker", ):
+    for tool in ("docker",):
         assert shutil.which(tool), f"{tool} is needed to run the reliability cases"
     assert (BIN / "ansible-playbook").exists(), f"no ansible-playbook beside {sys.executable}"
     return Deployer(workdir)
@@ -361,7 +463,7 @@ def nightly_dir(workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def good_state(deployer: Deployer) -> Dict[str, Any]:
+def good_state(deployer: Deployer) -> dict[str, Any]:
     """The state converge left: active, serving, no lock; the cases start from it."""
     assert wait_for(healthy, 120), "the server converge deployed does not answer /health"
     state = server_state()
@@ -383,24 +485,35 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         load = os.getloadavg()
     except OSError:
         load = (0.0, 0.0, 0.0)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
-                                text=True).stdout.strip())
-    RESULTS.write_text(json.dumps({
-        "schema": 1,
-        "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": commit + ("+dirty" if dirty else ""),
-        "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in load],
-                    "python": platform.python_version()},
-        "image": os.environ.get("MLENV_IMAGE", ""),
-        "duration_s": round(time.time() - STARTED, 1),
-        "pytest_exit_status": int(exitstatus),
-        "rows": ROWS,
-    }, indent=2) + "\n")
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    )
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "commit": commit + ("+dirty" if dirty else ""),
+                "machine": {
+                    "cpus": os.cpu_count(),
+                    "load_avg": [round(x, 2) for x in load],
+                    "python": platform.python_version(),
+                },
+                "image": os.environ.get("MLENV_IMAGE", ""),
+                "duration_s": round(time.time() - STARTED, 1),
+                "pytest_exit_status": int(exitstatus),
+                "rows": ROWS,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
-def same_server(before: Dict[str, Any], after: Dict[str, Any]) -> bool:
+def same_server(before: dict[str, Any], after: dict[str, Any]) -> bool:
     """Same main process started at the same time, same unit/secrets, same venv and model links, no lock left."""
     keys = ("MainPID", "ExecMainStartTimestamp", "ActiveState", "files")
     return all(before.get(k) == after.get(k) for k in keys)

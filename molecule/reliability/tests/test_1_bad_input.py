@@ -8,16 +8,17 @@ the profile, without weights) and the GPUs of a stand-in ``nvidia-smi`` that pri
 A6000 lines (the test machines have no GPU). Every GPU case is refused by the plan before
 ml_env could try to build the SGLang venv.
 """
+
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any
 
 import pytest
-
 from conftest import CACHE, REPO, Deployer, dexec, full_match, put, record, same_server, server_state, sh
 
 TINY = CACHE / "models" / "tiny-qwen3.5"
@@ -26,16 +27,24 @@ HUB_PORT = 8098
 SQUAT_PORT = 8001
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 # The SGLang profile's settings (group_vars/sglang_servers.yml), for cases that change one of them.
-SGLANG_SETTINGS = {"tensor_parallel_size": 2, "dtype": "bfloat16", "trust_remote_code": True,
-                   "speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-                   "speculative_num_draft_tokens": 4}
+SGLANG_SETTINGS = {
+    "tensor_parallel_size": 2,
+    "dtype": "bfloat16",
+    "trust_remote_code": True,
+    "speculative_algorithm": "NEXTN",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
 
 
 def fake_gpus(count: int) -> Callable[[], None]:
     """Setup: an nvidia-smi that lists ``count`` RTX A6000 (48 GB)."""
+
     def setup() -> None:
         lines = "".join(f"echo '{i}, NVIDIA RTX A6000, 49140'\n" for i in range(count))
         put("/usr/local/bin/nvidia-smi", "#!/bin/sh\n# reliability scenario: stand-in GPUs\n" + lines, "0755")
+
     return setup
 
 
@@ -52,10 +61,10 @@ class Case:
     title: str
     how: str
     expected: str
-    extra: Dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
     limit: str = "rel-molecule"
-    setup: Optional[Callable[[], None]] = None
-    teardown: Optional[Callable[[], None]] = None
+    setup: Callable[[], None] | None = None
+    teardown: Callable[[], None] | None = None
     # Only the late case syncs a new model revision before it is refused (and puts the link back).
     allow_changes: bool = False
 
@@ -63,6 +72,7 @@ class Case:
 def cases(work: Path) -> list[Case]:
     """The cases of issue 6, with this session's controller-side fixtures under ``work``."""
     gpu_vars = {"ml_env_wheelhouse": str(work / "empty-wheelhouse")}  # a case that got through fails fast
+    # fmt: off
     return [
         Case("no-profile", "an inventory host with no profile",
              "the container as `rel-noprofile`, in no inventory group",
@@ -180,6 +190,7 @@ def cases(work: Path) -> list[Case]:
                     "model_sync_name": "gated-test", "model_sync_hub_endpoint": f"http://127.0.0.1:{HUB_PORT}",
                     "model_sync_hf_token": ""}),
     ]
+    # fmt: on
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +199,11 @@ def work(workdir: Path) -> Path:
     root = workdir / "bad-input"
     root.mkdir()
     (root / "empty-wheelhouse").mkdir()
-    for name, drop in (("tiny-missing-shard", "model-00003-of-00004.safetensors"), ("tiny-no-config", "config.json"),
-                       ("tiny-bigger", None)):
+    for name, drop in (
+        ("tiny-missing-shard", "model-00003-of-00004.safetensors"),
+        ("tiny-no-config", "config.json"),
+        ("tiny-bigger", None),
+    ):
         shutil.copytree(TINY, root / name)
         if drop:
             (root / name / drop).unlink()
@@ -197,17 +211,23 @@ def work(workdir: Path) -> Path:
     (root / "locks-glibc").mkdir()
     lock = (REPO / "roles/ml_env/files/locks/transformers-cpu.txt").read_text().splitlines(True)
     (root / "locks-glibc" / "transformers-cpu.txt").write_text(
-        lock[0] + "# platform: manylinux_2_99_x86_64\n" + "".join(lock[1:]))
+        lock[0] + "# platform: manylinux_2_99_x86_64\n" + "".join(lock[1:])
+    )
     config = json.loads(QWEN.read_text())
     put("/root/models/Qwen3.6-27B/config.json", json.dumps(config))
     config["text_config"]["mtp_num_hidden_layers"] = 0
     put("/root/models/no-mtp/config.json", json.dumps(config))
     put("/usr/local/lib/gated-hub.py", (Path(__file__).parent.parent / "files" / "gated-hub.py").read_text(), "0755")
-    sh(f"systemd-run --unit rel-gated-hub python3 /usr/local/lib/gated-hub.py {HUB_PORT}; "
-       f"systemd-run --unit rel-squatter python3 -m http.server {SQUAT_PORT} --bind 127.0.0.1; sleep 1")
+    sh(
+        f"systemd-run --unit rel-gated-hub python3 /usr/local/lib/gated-hub.py {HUB_PORT}; "
+        f"systemd-run --unit rel-squatter python3 -m http.server {SQUAT_PORT} --bind 127.0.0.1; sleep 1"
+    )
     yield root
-    sh("systemctl stop rel-gated-hub rel-squatter; rm -rf /root/models /srv/models/gated-test /usr/local/bin/nvidia-smi",
-       check=False)
+    sh(
+        "systemctl stop rel-gated-hub rel-squatter; "
+        "rm -rf /root/models /srv/models/gated-test /usr/local/bin/nvidia-smi",
+        check=False,
+    )
 
 
 CASES = cases(Path("/nonexistent"))
@@ -215,7 +235,8 @@ CASES = cases(Path("/nonexistent"))
 
 @pytest.mark.parametrize("case_id", [c.id for c in CASES])
 def test_bad_input_is_refused_with_one_sentence_and_the_server_untouched(
-        case_id: str, work: Path, deployer: Deployer, good_state: Dict[str, Any]) -> None:
+    case_id: str, work: Path, deployer: Deployer, good_state: dict[str, Any]
+) -> None:
     case = next(c for c in cases(work) if c.id == case_id)
     if case.setup:
         case.setup()
@@ -228,9 +249,19 @@ def test_bad_input_is_refused_with_one_sentence_and_the_server_untouched(
             case.teardown()
     untouched = same_server(before, after) and after["files"][-1] == "no-lock"
     matched = full_match(case.expected, run.message)
-    record("bad_input", id=case.id, case=case.title, how=case.how, message=run.message,
-           refused_by=run.failed_task, changed=run.stats().get("changed"), untouched=untouched,
-           seconds=run.duration_s, matched=matched, rc=run.rc)
+    record(
+        "bad_input",
+        id=case.id,
+        case=case.title,
+        how=case.how,
+        message=run.message,
+        refused_by=run.failed_task,
+        changed=run.stats().get("changed"),
+        untouched=untouched,
+        seconds=run.duration_s,
+        matched=matched,
+        rc=run.rc,
+    )
     assert run.rc != 0, f"the deploy did not refuse {case.title}:\n{run.tail()}"
     assert matched, f"unexpected message for {case.title}:\n{run.message}\n--- expected ---\n{case.expected}"
     if not case.allow_changes:

@@ -5,6 +5,7 @@ server must be serving (and gated) at the end of each. Times are wall-clock seco
 2-core CI machine, from the fault to the end of the run that proved the host serves again
 (its gate passed), unless a row says otherwise.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -17,23 +18,42 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
 import yaml
-
-from conftest import (FAST_GATE, PORT, REPO, SECRETS, UNIT, Deployer, RunHandle, dexec, full_match, healthy, record,
-                      server_state, sh, task_started, unit_props, wait_for)
+from conftest import (
+    FAST_GATE,
+    PORT,
+    REPO,
+    SECRETS,
+    UNIT,
+    Deployer,
+    RunHandle,
+    dexec,
+    full_match,
+    healthy,
+    record,
+    server_state,
+    sh,
+    task_started,
+    unit_props,
+    wait_for,
+)
 
 # A change that restarts the server (a new Environment= line), kept for the next tests.
 MARK_A = {"inference_server_environment": {"RELIABILITY_MARK": "a"}}
 MARK_B = {"inference_server_environment": {"RELIABILITY_MARK": "b"}}
-LOCK_REFUSAL = (r"Another deploy holds /run/lock/llm-deploy\.lock on rel-molecule: run \S+ of \S+ on controller "
-                r"\S+ \(pid \d+\), taken \S+ \(\d+ s ago\); wait for it to finish, or, if that run is gone, remove "
-                r"/run/lock/llm-deploy\.lock on the host \(a lock older than deploy_lock_stale_after_s, 21600 s, is "
-                r"taken over automatically\)\.")
-BACK_ON_LKG = (r"Deploy step 'Fail when the gate failed' failed on rel-molecule: gate FAIL .* The host is back on "
-               r"its last-known-good state \(engine transformers 5\.6\.0, model revision [0-9a-f]{12}, venv lock "
-               r"transformers-cpu\) and serving: gate PASS: .*")
+LOCK_REFUSAL = (
+    r"Another deploy holds /run/lock/llm-deploy\.lock on rel-molecule: run \S+ of \S+ on controller "
+    r"\S+ \(pid \d+\), taken \S+ \(\d+ s ago\); wait for it to finish, or, if that run is gone, remove "
+    r"/run/lock/llm-deploy\.lock on the host \(a lock older than deploy_lock_stale_after_s, 21600 s, is "
+    r"taken over automatically\)\."
+)
+BACK_ON_LKG = (
+    r"Deploy step 'Fail when the gate failed' failed on rel-molecule: gate FAIL .* The host is back on "
+    r"its last-known-good state \(engine transformers 5\.6\.0, model revision [0-9a-f]{12}, venv lock "
+    r"transformers-cpu\) and serving: gate PASS: .*"
+)
 
 
 def main_pid() -> int:
@@ -64,14 +84,14 @@ def in_background(fn: Any) -> threading.Thread:
     return thread
 
 
-def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deployer, good_state: Dict[str, Any]) -> None:
+def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deployer, good_state: dict[str, Any]) -> None:
     """Kill the controller after the new unit is written but before the restart; run again.
 
     While that second run holds the lock, a third deploy starts: it must be refused at once.
     """
     before = server_state()
 
-    def kill_before_restart(event: Dict[str, Any], handle: RunHandle) -> None:
+    def kill_before_restart(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, "Note whether the unit, its secrets or its API key file changed in this run"):
             handle.kill()
 
@@ -92,21 +112,32 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
     pid = main_pid()
 
     took_over = [w for w in second.warnings() if "Took over the deploy lock" in w]
-    record("faults", id="controller-killed", fault="the controller's run is killed mid-deploy and run again",
-           how="SIGKILL to ansible-playbook and its workers right after the new unit file (a new Environment= "
-               "line) was written, before the handler restarted the server; then the same deploy again",
-           happened=f"the host kept the new unit file with the old process (MainPID {before['MainPID']} unchanged) "
-                    "and the killed run's lock",
-           host_did="the rerun took over the lock of the dead run (warning), found the unit file newer than the "
-                    "running process, restarted the server, gated it and recorded it as last-known-good",
-           evidence=took_over[:1] + [t for t in second.changed_tasks() if "interrupted deploy" in t],
-           recover_s=second.duration_s, rc=second.rc)
-    record("faults", id="two-deploys", fault="two deploys start at once on one host",
-           how="a third deploy started while the second held the host's lock",
-           happened="the third run met the lock of the live second run",
-           host_did=f"refused it in {concurrent.duration_s} s with one sentence naming the holder; the second run "
-                    "went on untouched",
-           message=concurrent.message, recover_s=0.0, rc=concurrent.rc)
+    record(
+        "faults",
+        id="controller-killed",
+        fault="the controller's run is killed mid-deploy and run again",
+        how="SIGKILL to ansible-playbook and its workers right after the new unit file (a new Environment= "
+        "line) was written, before the handler restarted the server; then the same deploy again",
+        happened=f"the host kept the new unit file with the old process (MainPID {before['MainPID']} unchanged) "
+        "and the killed run's lock",
+        host_did="the rerun took over the lock of the dead run (warning), found the unit file newer than the "
+        "running process, restarted the server, gated it and recorded it as last-known-good",
+        evidence=took_over[:1] + [t for t in second.changed_tasks() if "interrupted deploy" in t],
+        recover_s=second.duration_s,
+        rc=second.rc,
+    )
+    record(
+        "faults",
+        id="two-deploys",
+        fault="two deploys start at once on one host",
+        how="a third deploy started while the second held the host's lock",
+        happened="the third run met the lock of the live second run",
+        host_did=f"refused it in {concurrent.duration_s} s with one sentence naming the holder; the second run "
+        "went on untouched",
+        message=concurrent.message,
+        recover_s=0.0,
+        rc=concurrent.rc,
+    )
 
     assert second.rc == 0, second.tail()
     assert took_over, f"no takeover warning: {second.warnings()}"
@@ -119,7 +150,7 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
 def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
     """kill -9 of the new engine while the gate measures it: the deploy rolls back."""
     old_pid = main_pid()
-    crashed: Dict[str, float] = {}
+    crashed: dict[str, float] = {}
 
     def crash(handle: RunHandle) -> None:
         assert wait_for(lambda: main_pid() not in (0, old_pid) and healthy(), 120)
@@ -127,7 +158,7 @@ def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
         dexec("kill", "-9", str(crashed["pid"]))
         crashed["at"] = handle.mark("crash")
 
-    def watch(event: Dict[str, Any], handle: RunHandle) -> None:
+    def watch(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, "Run the health gate on the host") and "at" not in crashed and "t" not in crashed:
             crashed["t"] = 1
             in_background(lambda: crash(handle))
@@ -143,13 +174,19 @@ def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
     pid = main_pid()
     detect = run.marks.get("rollback", 0) - run.marks.get("crash", 0)
     key_file = sh(f"cat /etc/{UNIT}/api-key.yaml")
-    record("faults", id="crash-during-gate", fault="the engine crashes during the gate",
-           how="a deploy that changes the unit; once the new engine answered /health, kill -9 of its main PID",
-           happened="the engine died while the gate was measuring it",
-           host_did=f"the gate failed {detect:.1f} s after the crash ({gate_reason(run.message)}); the rescue "
-                    "restored the last-known-good unit, secrets and API key file (the run had rotated them), "
-                    "restarted and gated it, and the play failed with one message",
-           message=run.message[:400], recover_s=round(run.duration_s - run.marks.get("crash", 0), 1), rc=run.rc)
+    record(
+        "faults",
+        id="crash-during-gate",
+        fault="the engine crashes during the gate",
+        how="a deploy that changes the unit; once the new engine answered /health, kill -9 of its main PID",
+        happened="the engine died while the gate was measuring it",
+        host_did=f"the gate failed {detect:.1f} s after the crash ({gate_reason(run.message)}); the rescue "
+        "restored the last-known-good unit, secrets and API key file (the run had rotated them), "
+        "restarted and gated it, and the play failed with one message",
+        message=run.message[:400],
+        recover_s=round(run.duration_s - run.marks.get("crash", 0), 1),
+        rc=run.rc,
+    )
     assert "at" in crashed, "the engine was never killed"
     assert run.rc != 0 and full_match(BACK_ON_LKG, run.message), run.message
     assert pid not in (0, crashed["pid"]) and "RELIABILITY_MARK=a" in environ_of(pid), "not back on last-known-good"
@@ -161,14 +198,20 @@ def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
 
 def test_engine_hangs_without_answering_during_the_nightly_run(deployer: Deployer, nightly_dir: Path) -> None:
     """SIGSTOP of the engine while the nightly redeploy (tools/nightly-deploy, a no-op) gates it."""
-    stopped: Dict[str, Any] = {}
+    stopped: dict[str, Any] = {}
     since = sh("date '+%Y-%m-%d %H:%M:%S'").strip()
     old_pid = main_pid()
 
     def hang() -> None:
         # Once the gate's first chat request reached the server, freeze the engine (no crash).
-        if wait_for(lambda: "POST /v1/chat/completions" in sh(
-                f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat", check=False), 300, 0.3):
+        if wait_for(
+            lambda: (
+                "POST /v1/chat/completions"
+                in sh(f"journalctl -u {UNIT} --since '{since}' --no-pager -o cat", check=False)
+            ),
+            300,
+            0.3,
+        ):
             dexec("kill", "-STOP", str(old_pid))
             stopped["at"] = time.time()
 
@@ -176,10 +219,26 @@ def test_engine_hangs_without_answering_during_the_nightly_run(deployer: Deploye
     started = time.time()
     thread = in_background(hang)
     nightly = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "nightly-deploy"), "--limit", "rel-molecule", "--inventory",
-         str(deployer.inventory), "--vault-password-file", str(deployer.vault_password), "--artifacts-dir",
-         str(nightly_dir), "--json", "-e", json.dumps(extra)],
-        capture_output=True, text=True, env=deployer.env("default"), timeout=900)
+        [
+            sys.executable,
+            str(REPO / "tools" / "nightly-deploy"),
+            "--limit",
+            "rel-molecule",
+            "--inventory",
+            str(deployer.inventory),
+            "--vault-password-file",
+            str(deployer.vault_password),
+            "--artifacts-dir",
+            str(nightly_dir),
+            "--json",
+            "-e",
+            json.dumps(extra),
+        ],
+        capture_output=True,
+        text=True,
+        env=deployer.env("default"),
+        timeout=900,
+    )
     ended = time.time()
     thread.join(5)
     deployer.outputs.append(("tools/nightly-deploy (stdout, stderr)", nightly.stdout + nightly.stderr))
@@ -189,16 +248,22 @@ def test_engine_hangs_without_answering_during_the_nightly_run(deployer: Deploye
     pid = main_pid()
     detect = (rollback_at - stopped["at"]) if rollback_at and "at" in stopped else None
     reasons = _last_failure(nightly_dir)
-    record("faults", id="hang-during-gate", fault="the engine hangs without answering (no crash)",
-           how="the nightly redeploy (tools/nightly-deploy, nothing to change); once the gate's first chat request "
-               "reached the engine, SIGSTOP of its main PID (alive, port open, silent)",
-           happened="the request got no answer; /health would time out too",
-           host_did=f"the gate failed when the request stayed silent for health_gate_request_timeout_s (20 s here, "
-                    f"300 s by default; {detect if detect is None else round(detect, 1)} s from the freeze to the "
-                    "rollback); the unit was already the last-known-good one and the gate had measured nothing, so "
-                    "the rescue restarted it (systemd sends SIGCONT after SIGTERM) and gated it again; the nightly "
-                    f"run exited {nightly.returncode} with the reason, restarts={host.get('restarts')}",
-           message=reasons[:400], recover_s=round(ended - stopped.get("at", started), 1), rc=nightly.returncode)
+    record(
+        "faults",
+        id="hang-during-gate",
+        fault="the engine hangs without answering (no crash)",
+        how="the nightly redeploy (tools/nightly-deploy, nothing to change); once the gate's first chat request "
+        "reached the engine, SIGSTOP of its main PID (alive, port open, silent)",
+        happened="the request got no answer; /health would time out too",
+        host_did=f"the gate failed when the request stayed silent for health_gate_request_timeout_s (20 s here, "
+        f"300 s by default; {detect if detect is None else round(detect, 1)} s from the freeze to the "
+        "rollback); the unit was already the last-known-good one and the gate had measured nothing, so "
+        "the rescue restarted it (systemd sends SIGCONT after SIGTERM) and gated it again; the nightly "
+        f"run exited {nightly.returncode} with the reason, restarts={host.get('restarts')}",
+        message=reasons[:400],
+        recover_s=round(ended - stopped.get("at", started), 1),
+        rc=nightly.returncode,
+    )
     assert "at" in stopped, "the engine was never stopped"
     assert nightly.returncode == 1 and summary["status"] == "FAILED", nightly.stdout[-2000:]
     assert full_match(BACK_ON_LKG, reasons), reasons
@@ -215,12 +280,15 @@ def _newest_run_events(artifacts: Path) -> list:
 
 def _last_failure(artifacts: Path) -> str:
     """The message of the last failed task of the newest nightly run (whitespace-normalised)."""
-    failed = [e for e in _newest_run_events(artifacts) if e.get("event") == "runner_on_failed"
-              and not e.get("event_data", {}).get("ignore_errors")]
+    failed = [
+        e
+        for e in _newest_run_events(artifacts)
+        if e.get("event") == "runner_on_failed" and not e.get("event_data", {}).get("ignore_errors")
+    ]
     return " ".join(str(failed[-1]["event_data"]["res"].get("msg", "")).split()) if failed else ""
 
 
-def _first_event_time(artifacts: Path, task: str) -> Optional[float]:
+def _first_event_time(artifacts: Path, task: str) -> float | None:
     """When a task started in the newest nightly run's ansible-runner events (Unix seconds)."""
     for event in _newest_run_events(artifacts):
         if event.get("event") == "playbook_on_task_start" and event.get("event_data", {}).get("task", "") == task:
@@ -230,8 +298,7 @@ def _first_event_time(artifacts: Path, task: str) -> Optional[float]:
 
 def test_an_orphan_of_another_owner_holds_the_port(deployer: Deployer) -> None:
     """A foreign process holds the port when the unit starts: refused and named, never killed."""
-    sh(f"systemctl stop {UNIT}; systemd-run --unit rel-orphan python3 -m http.server {PORT} --bind 127.0.0.1; "
-       "sleep 1")
+    sh(f"systemctl stop {UNIT}; systemd-run --unit rel-orphan python3 -m http.server {PORT} --bind 127.0.0.1; sleep 1")
     try:
         started = time.monotonic()
         start = dexec("systemctl", "start", UNIT, check=False)
@@ -247,33 +314,42 @@ def test_an_orphan_of_another_owner_holds_the_port(deployer: Deployer) -> None:
     finally:
         sh("systemctl stop rel-orphan", check=False)
     recovered = deployer.run(MARK_A)
-    record("faults", id="orphan-foreign", fault="an orphan process of another owner holds the port when the unit starts",
-           how=f"`python3 -m http.server {PORT}` (transient unit rel-orphan) holds the port; `systemctl start "
-               f"{UNIT}`, then a deploy; then the orphan's owner stops it and the deploy runs again",
-           happened="the unit's ExecStartPre port guard found the port taken by a process outside the unit",
-           host_did=f"the unit failed after {failed_after} s without touching the process (journal: '{guard}'); "
-                    f"three tries left it {limit['ActiveState']} ({limit['Result']}); the deploy's preflight refused "
-                    f"too, naming it; the orphan was still {alive}; once its owner stopped it, the next deploy "
-                    "cleared the failed state (reset-failed) and started the server",
-           message=refused.message, recover_s=recovered.duration_s, rc=recovered.rc)
+    record(
+        "faults",
+        id="orphan-foreign",
+        fault="an orphan process of another owner holds the port when the unit starts",
+        how=f"`python3 -m http.server {PORT}` (transient unit rel-orphan) holds the port; `systemctl start "
+        f"{UNIT}`, then a deploy; then the orphan's owner stops it and the deploy runs again",
+        happened="the unit's ExecStartPre port guard found the port taken by a process outside the unit",
+        host_did=f"the unit failed after {failed_after} s without touching the process (journal: '{guard}'); "
+        f"three tries left it {limit['ActiveState']} ({limit['Result']}); the deploy's preflight refused "
+        f"too, naming it; the orphan was still {alive}; once its owner stopped it, the next deploy "
+        "cleared the failed state (reset-failed) and started the server",
+        message=refused.message,
+        recover_s=recovered.duration_s,
+        rc=recovered.rc,
+    )
     assert "is already taken by" in guard and "rel-orphan.service" in guard, journal
     assert failed_after < 5, start
     # exit-code (the guard refused) or start-limit-hit (StartLimitBurst reached): failed, not running.
     assert limit["ActiveState"] == "failed" and limit["Result"] in ("exit-code", "start-limit-hit"), limit
-    assert refused.rc != 0 and re.search(r"Port 8000 on rel-molecule is already taken by .*http\.server 8000 "
-                                         r"--bind 127\.0\.0\.1 \(pid \d+, unit rel-orphan\.service\)", refused.message)
+    assert refused.rc != 0 and re.search(
+        r"Port 8000 on rel-molecule is already taken by .*http\.server 8000 "
+        r"--bind 127\.0\.0\.1 \(pid \d+, unit rel-orphan\.service\)",
+        refused.message,
+    )
     assert alive == "active", "the foreign process must not be killed"
     assert recovered.rc == 0, recovered.tail()
     assert healthy() and not lock_held()
 
 
-SQUAT = """import socket, time
+SQUAT = f"""import socket, time
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", %d))
+s.bind(("127.0.0.1", {PORT:d}))
 s.listen()
 time.sleep(3600)
-""" % PORT
+"""
 
 
 def test_a_left_over_of_our_own_unit_holds_the_port() -> None:
@@ -286,8 +362,10 @@ def test_a_left_over_of_our_own_unit_holds_the_port() -> None:
     dexec("sh", "-c", "cat > /tmp/rel-squat.py", stdin=SQUAT)
     pid = sh("python3 /tmp/rel-squat.py >/dev/null 2>&1 </dev/null & echo $!").strip()
     assert wait_for(lambda: sh(f"grep -c ':{PORT:04X} .* 0A ' /proc/net/tcp || true").strip() not in ("", "0"), 10)
-    sh("for h in systemd unified; do test -d /sys/fs/cgroup/$h || continue; "
-       f"mkdir -p /sys/fs/cgroup/$h{cgroup}; echo {pid} > /sys/fs/cgroup/$h{cgroup}/cgroup.procs; done")
+    sh(
+        "for h in systemd unified; do test -d /sys/fs/cgroup/$h || continue; "
+        f"mkdir -p /sys/fs/cgroup/$h{cgroup}; echo {pid} > /sys/fs/cgroup/$h{cgroup}/cgroup.procs; done"
+    )
     started = time.monotonic()
     dexec("systemctl", "start", UNIT, check=False)
     assert wait_for(healthy, 120)
@@ -296,13 +374,18 @@ def test_a_left_over_of_our_own_unit_holds_the_port() -> None:
     left_over = next((line for line in journal.splitlines() if "left-over process" in line), "")
     guard = next((line for line in journal.splitlines() if line.startswith("port-guard:")), "")
     gone = sh(f"test -d /proc/{pid} && echo alive || echo gone").strip()
-    record("faults", id="orphan-own", fault="a left-over process of our own unit holds the port when the unit starts",
-           how="the unit stopped; a process listening on the port moved into the unit's own control group (what "
-               "systemd finds after an unclean stop), then `systemctl start`",
-           happened=f"systemd: '{left_over}'",
-           host_did=f"the port guard stopped it ('{guard}') and the engine started; serving "
-                    f"{serving_after} s after the start",
-           recover_s=serving_after, rc=0)
+    record(
+        "faults",
+        id="orphan-own",
+        fault="a left-over process of our own unit holds the port when the unit starts",
+        how="the unit stopped; a process listening on the port moved into the unit's own control group (what "
+        "systemd finds after an unclean stop), then `systemctl start`",
+        happened=f"systemd: '{left_over}'",
+        host_did=f"the port guard stopped it ('{guard}') and the engine started; serving "
+        f"{serving_after} s after the start",
+        recover_s=serving_after,
+        rc=0,
+    )
     assert "Found left-over process" in left_over, journal
     assert "a process left over in inference-server.service" in guard, journal
     assert gone == "gone"
@@ -325,29 +408,46 @@ def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
     names = [f"model-{i:05d}-of-{shards:05d}.safetensors" for i in range(1, shards + 1)]
     for name in names:
         write_shard(src / name, size)
-    (src / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": shards * size}, "weight_map": {f"w{i}": n for i, n in enumerate(names)}}))
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": shards * size}, "weight_map": {f"w{i}": n for i, n in enumerate(names)}})
+    )
     (src / "config.json").write_text(json.dumps({"model_type": "tiny", "architectures": ["Tiny"]}))
     total = sum(p.stat().st_size for p in src.iterdir())
     play = workdir / "sync.yml"
-    play.write_text(yaml.safe_dump([{"name": "Sync a model only", "hosts": "rel-molecule", "gather_facts": False,
-                                     "roles": [{"role": "model_sync"}]}]))
-    sync_vars = {"model_sync_root": "/srv/models", "model_sync_name": "rel-big", "model_sync_cli_path": "",
-                 "model_sync_disk_reserve_mib": 16, "model_sync_rsync_opts": ["--bwlimit=12m", "--stats"],
-                 "model_sync_source": {"type": "controller_dir", "path": str(src)}}
+    play.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "name": "Sync a model only",
+                    "hosts": "rel-molecule",
+                    "gather_facts": False,
+                    "roles": [{"role": "model_sync"}],
+                }
+            ]
+        )
+    )
+    sync_vars = {
+        "model_sync_root": "/srv/models",
+        "model_sync_name": "rel-big",
+        "model_sync_cli_path": "",
+        "model_sync_disk_reserve_mib": 16,
+        "model_sync_rsync_opts": ["--bwlimit=12m", "--stats"],
+        "model_sync_source": {"type": "controller_dir", "path": str(src)},
+    }
     incoming = "/srv/models/rel-big/.incoming"
-    killed_at: Dict[str, Any] = {}
+    killed_at: dict[str, Any] = {}
 
     def kill_rsync(handle: RunHandle) -> None:
-        assert wait_for(lambda: int(sh(f"du -sb {incoming} 2>/dev/null | cut -f1 || echo 0").strip() or 0)
-                        > total * 0.4, 120, 0.2)
+        assert wait_for(
+            lambda: int(sh(f"du -sb {incoming} 2>/dev/null | cut -f1 || echo 0").strip() or 0) > total * 0.4, 120, 0.2
+        )
         victims = [p for p in os.listdir("/proc") if p.isdigit() and _is_our_rsync(int(p), str(src))]
         for victim in victims:
             os.kill(int(victim), signal.SIGKILL)
         killed_at["pids"] = victims
         killed_at["t"] = handle.mark("rsync-killed")
 
-    def watch(event: Dict[str, Any], handle: RunHandle) -> None:
+    def watch(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, "Push the model from the controller into the incoming snapshot") and not killed_at:
             killed_at["started"] = True
             in_background(lambda: kill_rsync(handle))
@@ -355,8 +455,11 @@ def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
     try:
         first = deployer.run(sync_vars, playbook=str(play), watch=watch, fast_gate=False)
         kept = int(sh(f"du -sb {incoming} | cut -f1").strip())
-        listing = [line.rsplit(" ", 1) for line in sh(f"cd {incoming} && find . -type f -printf '%P %s\\n'").split("\n")
-                   if line.strip()]
+        listing = [
+            line.rsplit(" ", 1)
+            for line in sh(f"cd {incoming} && find . -type f -printf '%P %s\\n'").split("\n")
+            if line.strip()
+        ]
         partial = sum(int(size) for name, size in listing if name.startswith(".rsync-partial/"))
         complete = [name for name, size in listing if name.endswith(".safetensors") and "/" not in name]
         current_before = sh("readlink /srv/models/rel-big/current || true").strip()
@@ -365,15 +468,23 @@ def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
         current_after = sh("readlink /srv/models/rel-big/current || true").strip()
     finally:
         sh("rm -rf /srv/models/rel-big /var/lib/model-sync/*rel-big*", check=False)
-    record("faults", id="rsync-killed", fault="rsync is killed mid-sync",
-           how=f"a {total / 2**20:.0f} MiB model ({shards} shards) pushed at --bwlimit=12m; SIGKILL of the "
-               "controller's rsync once 40 % had landed; then the same sync again",
-           happened=f"the push failed; {kept / 2**20:.1f} MiB of {total / 2**20:.0f} MiB stayed in .incoming: "
-                    f"{len(complete)} complete shard(s) and {partial / 2**20:.1f} MiB of the in-flight one in "
-                    ".rsync-partial; `current` was not created",
-           host_did=f"the rerun sent {sent / 2**20:.1f} MiB ({100 * sent / total:.0f} %) instead of "
-                    f"{total / 2**20:.0f} MiB, verified every file and switched `current`",
-           recover_s=second.duration_s, rc=second.rc, kept_bytes=kept, sent_bytes=sent, total_bytes=total)
+    record(
+        "faults",
+        id="rsync-killed",
+        fault="rsync is killed mid-sync",
+        how=f"a {total / 2**20:.0f} MiB model ({shards} shards) pushed at --bwlimit=12m; SIGKILL of the "
+        "controller's rsync once 40 % had landed; then the same sync again",
+        happened=f"the push failed; {kept / 2**20:.1f} MiB of {total / 2**20:.0f} MiB stayed in .incoming: "
+        f"{len(complete)} complete shard(s) and {partial / 2**20:.1f} MiB of the in-flight one in "
+        ".rsync-partial; `current` was not created",
+        host_did=f"the rerun sent {sent / 2**20:.1f} MiB ({100 * sent / total:.0f} %) instead of "
+        f"{total / 2**20:.0f} MiB, verified every file and switched `current`",
+        recover_s=second.duration_s,
+        rc=second.rc,
+        kept_bytes=kept,
+        sent_bytes=sent,
+        total_bytes=total,
+    )
     assert killed_at.get("pids"), "no rsync was killed"
     assert first.rc != 0 and current_before == ""
     assert second.rc == 0, second.tail()
@@ -394,7 +505,8 @@ def _literal_bytes(run: Any) -> int:
     """'Literal data' of rsync --stats in the push task's result (bytes really sent)."""
     for event in run.events:
         if event.get("_event") == "v2_runner_on_ok" and event["task"]["name"].endswith(
-                "Push the model from the controller into the incoming snapshot"):
+            "Push the model from the controller into the incoming snapshot"
+        ):
             for result in event["hosts"].values():
                 text = str(result.get("msg", "")) + "\n".join(result.get("stdout_lines") or [])
                 found = re.search(r"Literal data: ([\d,]+) bytes", text)

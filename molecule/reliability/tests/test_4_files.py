@@ -1,9 +1,9 @@
 """testinfra: after every case, the host serves as the dedicated non-root user, with the files
 the deploy owns in the right hands (the secrets test left an API key and an HF token set)."""
+
 from __future__ import annotations
 
 import pytest
-
 from conftest import UNIT, record
 
 # path -> (type, user, group, mode)
@@ -25,11 +25,17 @@ EXPECTED = {
 def test_owner_and_mode(host, path: str) -> None:
     kind, user, group, mode = EXPECTED[path]
     found = host.file(path)
-    record("files", path=path, expected=f"{kind} {user}:{group} {mode:04o}",
-           found=f"{'directory' if found.is_directory else 'file' if found.is_file else 'missing'} "
-                 f"{found.user}:{found.group} {found.mode:04o}" if found.exists else "missing")
+    record(
+        "files",
+        path=path,
+        expected=f"{kind} {user}:{group} {mode:04o}",
+        found=f"{'directory' if found.is_directory else 'file' if found.is_file else 'missing'} "
+        f"{found.user}:{found.group} {found.mode:04o}"
+        if found.exists
+        else "missing",
+    )
     assert found.exists, path
-    assert (found.is_directory if kind == "directory" else found.is_file), path
+    assert found.is_directory if kind == "directory" else found.is_file, path
     assert (found.user, found.group, found.mode) == (user, group, mode)
 
 
@@ -37,9 +43,13 @@ def test_the_server_runs_as_a_dedicated_non_root_user(host) -> None:
     user = host.user("inference")
     pid = host.run(f"systemctl show -p MainPID --value {UNIT}").stdout.strip()
     runs_as = host.run(f"ps -o user= -p {pid}").stdout.strip()
-    record("files", path=f"{UNIT}.service main process", expected="user inference (uid < 1000, nologin)",
-           found=f"user {runs_as} (uid {user.uid}, shell {user.shell})",
-           ok=runs_as == "inference" and 0 < user.uid < 1000 and user.shell == "/usr/sbin/nologin")
+    record(
+        "files",
+        path=f"{UNIT}.service main process",
+        expected="user inference (uid < 1000, nologin)",
+        found=f"user {runs_as} (uid {user.uid}, shell {user.shell})",
+        ok=runs_as == "inference" and 0 < user.uid < 1000 and user.shell == "/usr/sbin/nologin",
+    )
     assert host.service(UNIT).is_running
     assert runs_as == "inference" and user.uid != 0 and user.uid < 1000
     assert user.shell == "/usr/sbin/nologin"

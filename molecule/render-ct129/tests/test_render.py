@@ -1,4 +1,5 @@
 """systemd's own reading of the rendered ct129 unit equals `tools/launch-plan ct129`."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,14 @@ def plan() -> dict:
     """The plan printed by tools/launch-plan for ct129 (offline, on the controller)."""
     # molecule's own Ansible settings (its inventory has no ct129) must not leak into the tool.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    out = subprocess.run([str(REPO / "tools/launch-plan"), "ct129", "--json", "-e",
-                          json.dumps({"inference_server_api_key": KEY})], capture_output=True, text=True,
-                         check=True, cwd=REPO, env=env)
+    out = subprocess.run(
+        [str(REPO / "tools/launch-plan"), "ct129", "--json", "-e", json.dumps({"inference_server_api_key": KEY})],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env=env,
+    )
     assert KEY not in out.stdout
     return json.loads(out.stdout)["plan"]
 
@@ -45,13 +51,26 @@ def test_systemd_parses_exactly_the_plan_environment(host, plan):
 
 def test_unit_carries_the_origin_story_working_flags(host):
     unit = host.file(f"/etc/systemd/system/{UNIT}.service").content_string
-    for line in ("ExecStart=/root/ml-env.d/", " serve \\", "--speculative-algorithm NEXTN \\",
-                 "--speculative-num-steps 3 \\", "--speculative-eagle-topk 1 \\",
-                 "--speculative-num-draft-tokens 4 \\", "--mamba-scheduler-strategy extra_buffer",
-                 "--tensor-parallel-size 2 \\", "--dtype bfloat16 \\", "--trust-remote-code \\",
-                 "--host 0.0.0.0 \\", "--port 30000 \\", "--model-path /root/models/Qwen3.6-27B \\",
-                 'Environment="SGLANG_ENABLE_SPEC_V2=1"', "User=root", "KillMode=mixed",
-                 "TimeoutStartSec=1800", "TimeoutStopSec=150"):
+    for line in (
+        "ExecStart=/root/ml-env.d/",
+        " serve \\",
+        "--speculative-algorithm NEXTN \\",
+        "--speculative-num-steps 3 \\",
+        "--speculative-eagle-topk 1 \\",
+        "--speculative-num-draft-tokens 4 \\",
+        "--mamba-scheduler-strategy extra_buffer",
+        "--tensor-parallel-size 2 \\",
+        "--dtype bfloat16 \\",
+        "--trust-remote-code \\",
+        "--host 0.0.0.0 \\",
+        "--port 30000 \\",
+        "--model-path /root/models/Qwen3.6-27B \\",
+        'Environment="SGLANG_ENABLE_SPEC_V2=1"',
+        "User=root",
+        "KillMode=mixed",
+        "TimeoutStartSec=1800",
+        "TimeoutStopSec=150",
+    ):
         assert line in unit, line
 
 

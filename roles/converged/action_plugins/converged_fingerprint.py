@@ -56,7 +56,9 @@ def role_variables(roles_dir: str, role: str) -> list[str]:
         with open(spec_file, encoding="utf-8") as fh:
             specs = (yaml.safe_load(fh) or {}).get("argument_specs", {})
     except FileNotFoundError as exc:
-        raise AnsibleActionFail(f"converged_roles names {role}, which has no {spec_file}; name roles of {roles_dir} only.") from exc
+        raise AnsibleActionFail(
+            f"converged_roles names {role}, which has no {spec_file}; name roles of {roles_dir} only."
+        ) from exc
     names = set()
     for entry in specs.values():
         names.update((entry or {}).get("options", {}) or {})

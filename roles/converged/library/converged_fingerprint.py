@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
 """Documentation of the action ``converged_fingerprint`` (its code: ../action_plugins/converged_fingerprint.py)."""
 

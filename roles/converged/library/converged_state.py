@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
 """Ansible module ``converged_state``: the record of a converged deploy, and its check."""
 
@@ -170,13 +169,21 @@ def tree_state(root: str) -> dict:
         for name in filenames:
             full = os.path.join(dirpath, name)
             st = os.lstat(full)
-            files[os.path.relpath(full, root)] = [st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid]
+            files[os.path.relpath(full, root)] = [
+                st.st_size,
+                st.st_mtime_ns,
+                stat.S_IMODE(st.st_mode),
+                st.st_uid,
+                st.st_gid,
+            ]
     return files
 
 
 def venv_state(venv: str) -> list[str]:
     """The distributions installed in a venv, as the sorted names of their ``*.dist-info``."""
-    return sorted(os.path.basename(p) for p in glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "*.dist-info")))
+    return sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(venv, "lib", "python*", "site-packages", "*.dist-info"))
+    )
 
 
 def user_state(name: str) -> list | None:
@@ -200,8 +207,21 @@ def unit_problem(unit: str) -> str | None:
     """Why the unit does not count as serving its recorded state, or None when it does."""
     try:
         out = subprocess.run(
-            ["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "-p", "NeedDaemonReload", f"{unit}.service"],
-            capture_output=True, text=True, check=False, timeout=30,
+            [
+                "systemctl",
+                "show",
+                "-p",
+                "ActiveState",
+                "-p",
+                "UnitFileState",
+                "-p",
+                "NeedDaemonReload",
+                f"{unit}.service",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"systemctl could not tell the state of {unit}: {exc}."
@@ -260,7 +280,10 @@ def differences(record: dict, params: dict) -> list[str]:
         now = tree_state(root)
         if now != was:
             changed = sorted(set(was) ^ set(now) | {f for f in set(was) & set(now) if was[f] != now[f]})
-            reasons.append(f"{root}: {', '.join(changed[:3])}{' and more' if len(changed) > 3 else ''} changed (size, mtime, mode or owner).")
+            reasons.append(
+                f"{root}: {', '.join(changed[:3])}{' and more' if len(changed) > 3 else ''} changed "
+                "(size, mtime, mode or owner)."
+            )
     for venv, was in record.get("venvs", {}).items():
         now = venv_state(venv)
         if now != was:
@@ -346,8 +369,13 @@ def main() -> None:
     removed = False
     if reasons and record is not None and not module.check_mode:
         removed = remove_record(path)
-    module.exit_json(changed=False, converged=not reasons, reasons=reasons,
-                     facts=record.get("facts", {}) if record and not reasons else {}, removed=removed)
+    module.exit_json(
+        changed=False,
+        converged=not reasons,
+        reasons=reasons,
+        facts=record.get("facts", {}) if record and not reasons else {},
+        removed=removed,
+    )
 
 
 if __name__ == "__main__":

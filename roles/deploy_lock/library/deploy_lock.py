@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
 """Ansible module ``deploy_lock``: one deploy at a time on a host."""
 
@@ -92,7 +91,8 @@ import json  # noqa: E402
 import os  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from typing import Any, Dict, Iterator, Optional, Tuple  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
@@ -110,7 +110,7 @@ def guarded(path: str) -> Iterator[None]:
         os.close(fd)
 
 
-def read_lock(path: str) -> Optional[Dict[str, Any]]:
+def read_lock(path: str) -> dict[str, Any] | None:
     """The lock's content; None when there is no lock. Unreadable content counts as a lock
     of unknown holder taken when the file was last modified."""
     try:
@@ -129,7 +129,7 @@ def read_lock(path: str) -> Optional[Dict[str, Any]]:
     return data
 
 
-def write_lock(path: str, record: Dict[str, Any]) -> None:
+def write_lock(path: str, record: dict[str, Any]) -> None:
     """Write the lock atomically (temporary file + rename), root-only."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".deploy-lock.", dir=directory)
@@ -145,8 +145,15 @@ def write_lock(path: str, record: Dict[str, Any]) -> None:
         raise
 
 
-def acquire(path: str, owner: Dict[str, Any], stale_after_s: int, takeover_run_id: Optional[str],
-            takeover_reason: Optional[str], check: bool, now: Optional[float] = None) -> Dict[str, Any]:
+def acquire(
+    path: str,
+    owner: dict[str, Any],
+    stale_after_s: int,
+    takeover_run_id: str | None,
+    takeover_reason: str | None,
+    check: bool,
+    now: float | None = None,
+) -> dict[str, Any]:
     """Take the lock if it is free, ours, stale, or held by a run the controller found gone."""
     now = time.time() if now is None else now
     record = dict(owner)
@@ -161,8 +168,10 @@ def acquire(path: str, owner: Dict[str, Any], stale_after_s: int, takeover_run_i
             if takeover_run_id and held.get("run_id") == takeover_run_id:
                 took_over = dict(holder, reason=takeover_reason or "its run is gone")
             elif stale_after_s > 0 and age > stale_after_s:
-                took_over = dict(holder, reason="it is %d s old, more than deploy_lock_stale_after_s %d"
-                                 % (age, stale_after_s))
+                took_over = dict(
+                    holder,
+                    reason=f"it is {int(age):d} s old, more than deploy_lock_stale_after_s {int(stale_after_s):d}",
+                )
             else:
                 return {"acquired": False, "holder": holder}
         elif held is not None:
@@ -170,13 +179,13 @@ def acquire(path: str, owner: Dict[str, Any], stale_after_s: int, takeover_run_i
             record["acquired_at_utc"] = held.get("acquired_at_utc", record["acquired_at_utc"])
         if not check:
             write_lock(path, record)
-        result: Dict[str, Any] = {"acquired": True, "lock": record}
+        result: dict[str, Any] = {"acquired": True, "lock": record}
         if took_over is not None:
             result["took_over"] = took_over
         return result
 
 
-def release(path: str, run_id: str, check: bool) -> Tuple[bool, Optional[Dict[str, Any]]]:
+def release(path: str, run_id: str, check: bool) -> tuple[bool, dict[str, Any] | None]:
     """Remove the lock if this run holds it; (released, the other holder if any)."""
     with guarded(path):
         held = read_lock(path)
@@ -209,20 +218,33 @@ def main() -> None:
     try:
         if params["state"] == "released":
             released, other = release(params["path"], run_id, module.check_mode)
-            result: Dict[str, Any] = {"changed": False, "released": released}
+            result: dict[str, Any] = {"changed": False, "released": released}
             if other is not None:
                 result["holder"] = other
             module.exit_json(**result)
-        result = acquire(params["path"], params["owner"], params["stale_after_s"], params["takeover_run_id"],
-                         params["takeover_reason"], module.check_mode)
+        result = acquire(
+            params["path"],
+            params["owner"],
+            params["stale_after_s"],
+            params["takeover_run_id"],
+            params["takeover_reason"],
+            module.check_mode,
+        )
     except OSError as exc:
-        module.fail_json(msg="deploy_lock: cannot use the lock %s: %s" % (params["path"], exc))
+        module.fail_json(msg="deploy_lock: cannot use the lock {}: {}".format(params["path"], exc))
         return
     if "took_over" in result:
         old = result["took_over"]
-        module.warn("Took over the deploy lock %s from run %s (controller %s, pid %s, taken %s): %s."
-                    % (params["path"], old.get("run_id"), old.get("controller"), old.get("pid"),
-                       old.get("acquired_at_utc", "at an unknown time"), old.get("reason")))
+        module.warn(
+            "Took over the deploy lock {} from run {} (controller {}, pid {}, taken {}): {}.".format(
+                params["path"],
+                old.get("run_id"),
+                old.get("controller"),
+                old.get("pid"),
+                old.get("acquired_at_utc", "at an unknown time"),
+                old.get("reason"),
+            )
+        )
     module.exit_json(changed=False, **result)
 
 

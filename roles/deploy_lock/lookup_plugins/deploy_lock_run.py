@@ -40,13 +40,14 @@ _raw:
 import getpass
 import os
 import socket
-from typing import Any, Dict, List, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
 
-def _read(path: str) -> Optional[bytes]:
+def _read(path: str) -> bytes | None:
     """A /proc file's bytes, None when it cannot be read."""
     try:
         with open(path, "rb") as handle:
@@ -60,42 +61,42 @@ def boot_id() -> str:
     return (_read("/proc/sys/kernel/random/boot_id") or b"unknown").decode().strip()
 
 
-def stat_fields(pid: int) -> Optional[List[str]]:
+def stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name (field 3 is index 0)."""
-    raw = _read("/proc/%d/stat" % pid)
+    raw = _read(f"/proc/{pid:d}/stat")
     if raw is None:
         return None
     return raw.decode(errors="replace").rsplit(")", 1)[1].split()
 
 
-def start_time(pid: int) -> Optional[int]:
+def start_time(pid: int) -> int | None:
     """Start time of a process in clock ticks since boot (field 22 of /proc/<pid>/stat)."""
     fields = stat_fields(pid)
     return int(fields[19]) if fields and len(fields) > 19 else None
 
 
-def parent(pid: int) -> Optional[int]:
+def parent(pid: int) -> int | None:
     """The parent pid of a process (field 4 of /proc/<pid>/stat)."""
     fields = stat_fields(pid)
     return int(fields[1]) if fields and len(fields) > 1 else None
 
 
-def playbook_pid(pid: Optional[int] = None) -> int:
+def playbook_pid(pid: int | None = None) -> int:
     """The outermost ancestor of ``pid`` (default: this process) running the same command line.
 
     Ansible's worker processes are forks of the ansible-playbook process, so they share its
     command line; the parent of the outermost one (a shell, cron, ansible-runner) does not.
     """
     pid = os.getpid() if pid is None else pid
-    cmdline = _read("/proc/%d/cmdline" % pid)
+    cmdline = _read(f"/proc/{pid:d}/cmdline")
     while True:
         up = parent(pid)
-        if not up or up <= 1 or _read("/proc/%d/cmdline" % up) != cmdline:
+        if not up or up <= 1 or _read(f"/proc/{up:d}/cmdline") != cmdline:
             return pid
         pid = up
 
 
-def identity() -> Dict[str, Any]:
+def identity() -> dict[str, Any]:
     """This run's identity as the holder of a host's deploy lock."""
     pid = playbook_pid()
     controller = socket.gethostname()
@@ -105,8 +106,14 @@ def identity() -> Dict[str, Any]:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    return {"controller": controller, "controller_boot_id": boot, "pid": pid, "pid_start": started,
-            "user": user, "run_id": "%s:%s:%d:%d" % (controller, boot[:8], pid, started)}
+    return {
+        "controller": controller,
+        "controller_boot_id": boot,
+        "pid": pid,
+        "pid_start": started,
+        "user": user,
+        "run_id": f"{controller}:{boot[:8]}:{pid:d}:{started:d}",
+    }
 
 
 def alive(holder: Mapping[str, Any]) -> bool:
@@ -127,7 +134,7 @@ def alive(holder: Mapping[str, Any]) -> bool:
 class LookupModule(LookupBase):
     """``lookup('deploy_lock_run')`` and ``lookup('deploy_lock_run', 'alive', holder)``."""
 
-    def run(self, terms: List[Any], variables: Optional[Dict[str, Any]] = None, **kwargs: Any) -> List[Any]:
+    def run(self, terms: list[Any], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[Any]:
         """Return [identity] or [alive]."""
         if not terms:
             return [identity()]

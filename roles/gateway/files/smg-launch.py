@@ -9,6 +9,7 @@ removes it from the environment, and hands the flag to smg's own argument parser
 process, so the key is in no argv, unit file or log. ``SMG_CONTROL_PLANE_KEY_ID`` names the
 key (default ``llm-deploy``); its role is admin (it adds and removes workers).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ def router_argv(argv: list[str], environ: dict[str, str]) -> list[str]:
     """The flags for smg's parser: ``argv`` plus the key from ``environ`` (which loses it)."""
     key = environ.pop("SMG_CONTROL_PLANE_API_KEY", "").strip()
     if not key:
-        sys.exit("smg-launch: SMG_CONTROL_PLANE_API_KEY is empty; the gateway refuses to start without a "
-                 "control-plane key (anyone reaching it could add or remove workers)")
+        sys.exit(
+            "smg-launch: SMG_CONTROL_PLANE_API_KEY is empty; the gateway refuses to start without a "
+            "control-plane key (anyone reaching it could add or remove workers)"
+        )
     if any(a.startswith("--control-plane-api-keys") for a in argv):
         sys.exit("smg-launch: pass the control-plane key through SMG_CONTROL_PLANE_API_KEY, not argv")
     key_id = environ.pop("SMG_CONTROL_PLANE_KEY_ID", "llm-deploy")

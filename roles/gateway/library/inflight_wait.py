@@ -1,5 +1,6 @@
 #!/usr/bin/python
 """Ansible module: wait, bounded, until an inference server has no request in flight."""
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -151,8 +152,13 @@ def run(params: dict) -> dict:
             break
         time.sleep(params["interval_s"])
         count = read_count(params)
-    return {"changed": False, "inflight_before": first, "inflight": count,
-            "waited_s": round(waited, 2), "timed_out": zeros < params["settle"]}
+    return {
+        "changed": False,
+        "inflight_before": first,
+        "inflight": count,
+        "waited_s": round(waited, 2),
+        "timed_out": zeros < params["settle"],
+    }
 
 
 def main() -> None:
@@ -161,8 +167,11 @@ def main() -> None:
         argument_spec={
             "source": {"type": "str", "choices": ["metrics", "connections"], "default": "connections"},
             "metrics_url": {"type": "str", "default": ""},
-            "metrics": {"type": "list", "elements": "str",
-                        "default": ["sglang:num_running_reqs", "sglang:num_queue_reqs"]},
+            "metrics": {
+                "type": "list",
+                "elements": "str",
+                "default": ["sglang:num_running_reqs", "sglang:num_queue_reqs"],
+            },
             "port": {"type": "int", "default": 0},
             "timeout_s": {"type": "float", "default": 300},
             "interval_s": {"type": "float", "default": 1},
@@ -174,8 +183,11 @@ def main() -> None:
     )
     result = run(module.params)
     if result["timed_out"] and module.params["fail_on_timeout"]:
-        module.fail_json(msg=f"the server still had {result['inflight']} request(s) in flight after "
-                             f"{module.params['timeout_s']:.0f} s", **result)
+        module.fail_json(
+            msg=f"the server still had {result['inflight']} request(s) in flight after "
+            f"{module.params['timeout_s']:.0f} s",
+            **result,
+        )
     module.exit_json(**result)
 
 

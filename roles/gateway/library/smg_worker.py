@@ -1,5 +1,6 @@
 #!/usr/bin/python
 """Ansible module: put a worker into an smg gateway, or take it out, and wait for it."""
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -94,7 +95,6 @@ waited_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-
 from ansible.module_utils.smg_api import (  # noqa: E402
     Gateway,
     GatewayError,
@@ -112,8 +112,12 @@ def run(module: AnsibleModule) -> dict:
     gateway = Gateway(p["gateway_url"], read_key(p["key_file"]))
     url = p["url"].rstrip("/")
     current = gateway.find(url)
-    result: dict = {"changed": False, "worker": current, "waited_s": 0.0,
-                    "load_before": current.get("load") if current else None}
+    result: dict = {
+        "changed": False,
+        "worker": current,
+        "waited_s": 0.0,
+        "load_before": current.get("load") if current else None,
+    }
 
     def gone() -> tuple[bool, None]:
         return gateway.find(url) is None, None
@@ -162,8 +166,10 @@ def run(module: AnsibleModule) -> dict:
     result["worker"] = worker
     if not met:
         state = "not listed" if worker is None else f"{worker.get('status')}, healthy {worker.get('is_healthy')}"
-        raise GatewayError(f"worker {url} did not become routable at the gateway within {p['timeout_s']:.0f} s "
-                           f"(it is {state}); check that the gateway reaches it and that its /health answers 200")
+        raise GatewayError(
+            f"worker {url} did not become routable at the gateway within {p['timeout_s']:.0f} s "
+            f"(it is {state}); check that the gateway reaches it and that its /health answers 200"
+        )
     return result
 
 

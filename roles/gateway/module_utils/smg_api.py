@@ -5,13 +5,15 @@ library only, so it runs with any host Python. The control-plane key is read fro
 gateway's environment file on the host (``SMG_CONTROL_PLANE_API_KEY=...``), so it never
 travels as a module argument and never appears in a result.
 """
+
 from __future__ import annotations
 
 import json
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 KEY_VARIABLE = "SMG_CONTROL_PLANE_API_KEY"
 
@@ -65,8 +67,10 @@ class Gateway:
         """Every worker the gateway knows, as ``GET /workers`` lists them."""
         status, data = self._call("GET", "/workers")
         if status in (401, 403):
-            raise GatewayError(f"the gateway at {self.url} refused the control-plane key (HTTP {status}): "
-                               "set gateway_control_plane_api_key to the key the gateway was started with")
+            raise GatewayError(
+                f"the gateway at {self.url} refused the control-plane key (HTTP {status}): "
+                "set gateway_control_plane_api_key to the key the gateway was started with"
+            )
         if status != 200 or not isinstance(data, dict):
             raise GatewayError(f"GET {self.url}/workers answered HTTP {status}: {str(data)[:200]}")
         return list(data.get("workers") or [])

@@ -26,6 +26,7 @@ Prints one JSON object on stdout (the engine's own output goes to stderr). Exit 
 0 passed, 1 refused (``message`` holds the engine's own words), 2 usage error,
 3 passed everything a host without a GPU can check.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,23 +37,50 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, TextIO
 
 PASSED, REFUSED, USAGE, GPU_LESS = 0, 1, 2, 3
 STATUS = {PASSED: "passed", REFUSED: "refused", USAGE: "usage", GPU_LESS: "passed-gpu-less"}
 # Device predicates of sglang.srt.utils: an assertion on one of them is a GPU-only check.
-DEVICE_PREDICATES = {"is_cuda", "is_musa", "is_hip", "is_cuda_alike", "is_npu", "is_xpu", "is_hpu",
-                     "is_sm90_supported", "is_sm100_supported", "is_blackwell_supported"}
+DEVICE_PREDICATES = {
+    "is_cuda",
+    "is_musa",
+    "is_hip",
+    "is_cuda_alike",
+    "is_npu",
+    "is_xpu",
+    "is_hpu",
+    "is_sm90_supported",
+    "is_sm100_supported",
+    "is_blackwell_supported",
+}
 # Where our JSON and the engine's output go (stdout is redirected while the engine runs).
 REAL_STDOUT: TextIO = sys.stdout
 REAL_STDERR: TextIO = sys.stderr
 # Resolved values worth reporting after a successful SGLang check.
-SGLANG_RESOLVED = ("model_path", "device", "tp_size", "dtype", "speculative_algorithm", "speculative_num_steps",
-                   "speculative_eagle_topk", "speculative_num_draft_tokens", "mamba_scheduler_strategy",
-                   "mamba_track_interval", "disable_radix_cache", "page_size", "max_running_requests",
-                   "mem_fraction_static", "context_length", "attention_backend", "linear_attn_backend",
-                   "disable_overlap_schedule", "served_model_name")
+SGLANG_RESOLVED = (
+    "model_path",
+    "device",
+    "tp_size",
+    "dtype",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "mamba_scheduler_strategy",
+    "mamba_track_interval",
+    "disable_radix_cache",
+    "page_size",
+    "max_running_requests",
+    "mem_fraction_static",
+    "context_length",
+    "attention_backend",
+    "linear_attn_backend",
+    "disable_overlap_schedule",
+    "served_model_name",
+)
 
 
 class Tee(io.TextIOBase):
@@ -111,8 +139,11 @@ def statement_at(filename: str, lineno: int) -> ast.stmt | None:
     best: ast.stmt | None = None
     for node in ast.walk(tree):
         end = (node.end_lineno or node.lineno) if isinstance(node, ast.stmt) else 0
-        if isinstance(node, ast.stmt) and node.lineno <= lineno <= end and (
-                best is None or end - node.lineno <= (best.end_lineno or best.lineno) - best.lineno):
+        if (
+            isinstance(node, ast.stmt)
+            and node.lineno <= lineno <= end
+            and (best is None or end - node.lineno <= (best.end_lineno or best.lineno) - best.lineno)
+        ):
             best = node
     return best
 
@@ -142,9 +173,13 @@ def later_steps(exc: BaseException, function: str = "__post_init__") -> list[str
         if isinstance(node, ast.FunctionDef) and node.name == function:
             steps: list[tuple[int, str]] = []
             for call in ast.walk(node):
-                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
-                        and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"
-                        and call.lineno > stopped):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == "self"
+                    and call.lineno > stopped
+                ):
                     steps.append((call.lineno, call.func.attr))
             return [name for _, name in sorted(steps)]
     return []
@@ -155,7 +190,7 @@ def unfinished(exc: BaseException, package: str, function: str = "__post_init__"
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"/{package}/" in f.filename]
     names = [f.name for f in frames]
     if function in names:
-        frames = frames[len(names) - names[::-1].index(function):]
+        frames = frames[len(names) - names[::-1].index(function) :]
     return [f.name for f in reversed(frames)]
 
 
@@ -164,7 +199,7 @@ def where(frame: traceback.FrameSummary | None, package: str) -> str | None:
     if frame is None:
         return None
     path = frame.filename
-    rel = path[path.rfind(f"/{package}/") + 1:] if f"/{package}/" in path else path
+    rel = path[path.rfind(f"/{package}/") + 1 :] if f"/{package}/" in path else path
     return f"{rel}:{frame.lineno} in {frame.name}"
 
 
@@ -228,8 +263,13 @@ def sglang_flag_table() -> dict[str, Any]:
         # --x and --no-x of a BooleanOptionalAction are opposite bare flags, not aliases.
         groups = [[s] for s in longs] if isinstance(action, ap.BooleanOptionalAction) else [longs]
         for names in groups:
-            if action.nargs == 0 or kind in ("_StoreTrueAction", "_StoreFalseAction", "_StoreConstAction",
-                                             "_CountAction", "BooleanOptionalAction"):
+            if action.nargs == 0 or kind in (
+                "_StoreTrueAction",
+                "_StoreFalseAction",
+                "_StoreConstAction",
+                "_CountAction",
+                "BooleanOptionalAction",
+            ):
                 takes = "none"
             elif action.nargs == "?":
                 takes = "optional"
@@ -268,21 +308,36 @@ def check_sglang(args: list[str], gpus: int) -> int:
         except Exception as exc:  # noqa: BLE001 - any import failure is the finding
             return result(REFUSED, "sglang", f"importing torch in {sys.prefix} failed: {type(exc).__name__}: {exc}")
         cuda = bool(torch.cuda.is_available() and torch.version.cuda is not None)
-        facts = {"engine_version": installed_version("sglang"), "torch": torch.__version__, "cuda_visible": cuda,
-                 "python": sys.executable}
+        facts = {
+            "engine_version": installed_version("sglang"),
+            "torch": torch.__version__,
+            "cuda_visible": cuda,
+            "python": sys.executable,
+        }
         if gpus > 0 and not cuda:
-            return result(REFUSED, "sglang", f"torch {torch.__version__} in {sys.prefix} sees no CUDA device "
-                          f"although preflight found {gpus} GPU(s): check the NVIDIA driver (torch is built "
-                          f"for CUDA {torch.version.cuda}).", **facts)
+            return result(
+                REFUSED,
+                "sglang",
+                f"torch {torch.__version__} in {sys.prefix} sees no CUDA device "
+                f"although preflight found {gpus} GPU(s): check the NVIDIA driver (torch is built "
+                f"for CUDA {torch.version.cuda}).",
+                **facts,
+            )
         try:
             from sglang.srt.server_args import prepare_server_args
         except Exception as exc:  # noqa: BLE001 - any import failure is the finding
-            return result(REFUSED, "sglang", f"importing sglang.srt.server_args in {sys.prefix} failed: "
-                          f"{type(exc).__name__}: {exc}", **facts)
+            return result(
+                REFUSED,
+                "sglang",
+                f"importing sglang.srt.server_args in {sys.prefix} failed: {type(exc).__name__}: {exc}",
+                **facts,
+            )
         if not cuda and not any(a == "--device" or a.startswith("--device=") for a in args):
             args = [*args, "--device", "cuda"]
-            notes.append("no CUDA device here: validated with --device cuda, which SGLang picks on a GPU host "
-                         "(without it SGLang stops at once: No accelerator is available)")
+            notes.append(
+                "no CUDA device here: validated with --device cuda, which SGLang picks on a GPU host "
+                "(without it SGLang stops at once: No accelerator is available)"
+            )
         stage = "prepare_server_args"
         try:
             server_args = prepare_server_args(args)
@@ -292,24 +347,52 @@ def check_sglang(args: list[str], gpus: int) -> int:
             if exc.code in (0, None):
                 return result(USAGE, "sglang", "the argv asked SGLang for --help", **facts)
             error = last_error_line(out.copy.getvalue())
-            return result(REFUSED, "sglang", f"SGLang's parser refused the argv: {error}",
-                          exception="SystemExit", where="argparse", notes=notes, **facts)
+            return result(
+                REFUSED,
+                "sglang",
+                f"SGLang's parser refused the argv: {error}",
+                exception="SystemExit",
+                where="argparse",
+                notes=notes,
+                **facts,
+            )
         except Exception as exc:  # noqa: BLE001 - SGLang raises ValueError, AssertionError, ...
             frame = engine_frame(exc, "sglang")
             assertion = device_assertion(frame)
             if assertion is not None and not cuda:
                 skipped = [f"the rest of {name}" for name in unfinished(exc, "sglang")] + later_steps(exc)
-                message = (f"SGLang's validation passed everything a host without a GPU can check, up to "
-                           f"`assert {assertion}` at {where(frame, 'sglang')} ({exc}), which needs a CUDA "
-                           f"device (torch.cuda.is_available() is False here)")
-                return result(GPU_LESS, "sglang", message, exception=type(exc).__name__, error=str(exc),
-                              where=where(frame, "sglang"), assertion=assertion, stage=stage,
-                              not_run=skipped, notes=notes, **facts)
-            return result(REFUSED, "sglang", f"{type(exc).__name__}: {exc}", exception=type(exc).__name__,
-                          where=where(frame, "sglang"), stage=stage, notes=notes, **facts)
+                message = (
+                    f"SGLang's validation passed everything a host without a GPU can check, up to "
+                    f"`assert {assertion}` at {where(frame, 'sglang')} ({exc}), which needs a CUDA "
+                    f"device (torch.cuda.is_available() is False here)"
+                )
+                return result(
+                    GPU_LESS,
+                    "sglang",
+                    message,
+                    exception=type(exc).__name__,
+                    error=str(exc),
+                    where=where(frame, "sglang"),
+                    assertion=assertion,
+                    stage=stage,
+                    not_run=skipped,
+                    notes=notes,
+                    **facts,
+                )
+            return result(
+                REFUSED,
+                "sglang",
+                f"{type(exc).__name__}: {exc}",
+                exception=type(exc).__name__,
+                where=where(frame, "sglang"),
+                stage=stage,
+                notes=notes,
+                **facts,
+            )
     resolved = {k: getattr(server_args, k, None) for k in SGLANG_RESOLVED}
-    return result(PASSED, "sglang", "SGLang's parser and validation accepted the plan", resolved=resolved,
-                  notes=notes, **facts)
+    return result(
+        PASSED, "sglang", "SGLang's parser and validation accepted the plan", resolved=resolved, notes=notes, **facts
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -320,7 +403,6 @@ def check_sglang(args: list[str], gpus: int) -> int:
 def transformers_serve_command() -> Any:
     """The click command behind ``transformers serve`` (transformers' own typer app)."""
     import click
-
     from transformers.cli.transformers import app
 
     if isinstance(app, click.Group):  # huggingface_hub's typer_factory builds the click group itself
@@ -341,10 +423,11 @@ def transformers_flag_table() -> dict[str, Any]:
     for param in command.params:
         if param.param_type_name != "option":
             continue
-        type_name = {"integer": "int", "float": "float", "text": "str", "boolean": "bool"}.get(param.type.name,
-                                                                                          param.type.name)
+        type_name = {"integer": "int", "float": "float", "text": "str", "boolean": "bool"}.get(
+            param.type.name, param.type.name
+        )
         choices = getattr(param.type, "choices", None)
-        for names in ([list(param.opts)] + ([[s] for s in param.secondary_opts] if param.secondary_opts else [])):
+        for names in [list(param.opts)] + ([[s] for s in param.secondary_opts] if param.secondary_opts else []):
             longs = [n for n in names if n.startswith("--")]
             if not longs:
                 continue
@@ -377,23 +460,38 @@ def check_transformers(args: list[str], gpus: int) -> int:
             from transformers import AutoConfig
             from transformers.utils import is_serve_available
         except Exception as exc:  # noqa: BLE001
-            return result(REFUSED, "transformers", f"importing transformers in {sys.prefix} failed: "
-                          f"{type(exc).__name__}: {exc}")
+            return result(
+                REFUSED, "transformers", f"importing transformers in {sys.prefix} failed: {type(exc).__name__}: {exc}"
+            )
         facts = {"engine_version": transformers.__version__, "torch": torch.__version__, "python": sys.executable}
         command = transformers_serve_command()
         try:
             ctx = command.make_context("transformers serve", list(args))
         except click.exceptions.ClickException as exc:
-            return result(REFUSED, "transformers", f"transformers serve refused the argv: {exc.format_message()}",
-                          exception=type(exc).__name__, **facts)
+            return result(
+                REFUSED,
+                "transformers",
+                f"transformers serve refused the argv: {exc.format_message()}",
+                exception=type(exc).__name__,
+                **facts,
+            )
         params = ctx.params
         if not is_serve_available():
-            return result(REFUSED, "transformers", f"transformers serve in {sys.prefix} lacks its serving "
-                          "dependencies (fastapi, uvicorn, ...): install the profile's full lock", **facts)
+            return result(
+                REFUSED,
+                "transformers",
+                f"transformers serve in {sys.prefix} lacks its serving "
+                "dependencies (fastapi, uvicorn, ...): install the profile's full lock",
+                **facts,
+            )
         model = params.get("force_model")
         if not model:
-            return result(REFUSED, "transformers", "the argv does not pin a model directory "
-                          "(transformers serve MODEL_DIR)", **facts)
+            return result(
+                REFUSED,
+                "transformers",
+                "the argv does not pin a model directory (transformers serve MODEL_DIR)",
+                **facts,
+            )
         if not (Path(model) / "config.json").is_file():
             return result(REFUSED, "transformers", f"the model directory {model} has no config.json", **facts)
         try:
@@ -405,13 +503,19 @@ def check_transformers(args: list[str], gpus: int) -> int:
             if device is not None and device.type == "cuda" and not torch.cuda.is_available():
                 raise ValueError(f"--device {params['device']} but torch sees no CUDA device")
         except Exception as exc:  # noqa: BLE001
-            return result(REFUSED, "transformers", f"{type(exc).__name__}: {exc}", exception=type(exc).__name__,
-                          **facts)
+            return result(
+                REFUSED, "transformers", f"{type(exc).__name__}: {exc}", exception=type(exc).__name__, **facts
+            )
     resolved = {k: params.get(k) for k in ("force_model", "host", "port", "device", "dtype", "trust_remote_code")}
     resolved["model_type"] = config.model_type
     resolved["architectures"] = getattr(config, "architectures", None)
-    return result(PASSED, "transformers", "transformers serve's parser accepted the plan and loaded the model's "
-                  "config", resolved=resolved, **facts)
+    return result(
+        PASSED,
+        "transformers",
+        "transformers serve's parser accepted the plan and loaded the model's config",
+        resolved=resolved,
+        **facts,
+    )
 
 
 def format_table(table: dict[str, Any]) -> str:
@@ -434,11 +538,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan_argv: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
-        argv, plan_argv = argv[:cut], argv[cut + 1:]
+        argv, plan_argv = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", required=True, choices=("sglang", "transformers"))
-    parser.add_argument("--gpus", type=int, default=0,
-                        help="GPUs preflight found on this host; with N > 0 a missing CUDA device is a refusal")
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="GPUs preflight found on this host; with N > 0 a missing CUDA device is a refusal",
+    )
     parser.add_argument("--dump-flags", action="store_true", help="print the engine's flag table as JSON and exit")
     try:
         opts = parser.parse_args(argv)

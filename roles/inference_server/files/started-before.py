@@ -7,6 +7,7 @@ that). A deploy restarts the server through a handler after writing its files; a
 killed between the two leaves the new files with the old process, which the next run, seeing
 no change, would otherwise keep. Standard library only (the host's python3).
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ import time
 
 def main_start(unit: str) -> float | None:
     """Wall-clock start of the unit's main process, None when it runs none."""
-    out = subprocess.run(["systemctl", "show", "-p", "MainPID", "-p", "ExecMainStartTimestampMonotonic", unit],
-                         capture_output=True, text=True, check=False).stdout
+    out = subprocess.run(
+        ["systemctl", "show", "-p", "MainPID", "-p", "ExecMainStartTimestampMonotonic", unit],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     if props.get("MainPID", "0") in ("", "0") or not props.get("ExecMainStartTimestampMonotonic", "0").isdigit():
         return None

@@ -8,6 +8,7 @@ but no longer than the server lives: systemd gives ExecStartPost= the server's p
 $MAINPID, and when that process is gone this exits 1 at once, so a server that dies while
 loading fails its start within a poll interval instead of at the start timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,11 @@ def main() -> int:
     started = time.monotonic()
     while not healthy(sys.argv[1]):
         if not alive(main_pid):
-            print(f"the server (pid {main_pid}) exited after {time.monotonic() - started:.1f} s before "
-                  f"{sys.argv[1]} answered", file=sys.stderr)
+            print(
+                f"the server (pid {main_pid}) exited after {time.monotonic() - started:.1f} s before "
+                f"{sys.argv[1]} answered",
+                file=sys.stderr,
+            )
             return 1
         time.sleep(interval)
     print(f"ready after {time.monotonic() - started:.1f} s: {sys.argv[1]}")

@@ -6,6 +6,7 @@ object: ``installed`` (name -> version), ``missing`` (locked, not installed),
 ``mismatched`` ([name, locked, installed]), ``extra`` (installed, not locked; pip's own
 seed packages are ignored). Reads package metadata only: no pip subprocess, no network.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,14 +32,20 @@ def marker_applies(marker: str, python: tuple[int, ...]) -> bool:
     Locks made by tools/lock-profile only use ``python_version`` comparisons joined by
     ``and``; anything else is refused rather than guessed.
     """
-    compare = {"<": tuple.__lt__, "<=": tuple.__le__, ">": tuple.__gt__, ">=": tuple.__ge__,
-               "==": tuple.__eq__, "!=": tuple.__ne__}
+    compare = {
+        "<": tuple.__lt__,
+        "<=": tuple.__le__,
+        ">": tuple.__gt__,
+        ">=": tuple.__ge__,
+        "==": tuple.__eq__,
+        "!=": tuple.__ne__,
+    }
     for clause in marker.split(" and "):
         match = _MARKER_CLAUSE.match(clause.strip())
         if not match:
             raise SystemExit(f"unsupported environment marker in lock: '{marker}'")
         wanted = tuple(int(part) for part in match.group(2).split("."))
-        if not compare[match.group(1)](python[:len(wanted)], wanted):
+        if not compare[match.group(1)](python[: len(wanted)], wanted):
             return False
     return True
 
@@ -78,9 +85,13 @@ def compare(pins: dict[str, str], have: dict[str, str]) -> dict[str, object]:
     missing = sorted(n for n in pins if n not in have)
     mismatched = sorted([n, pins[n], have[n]] for n in pins if n in have and have[n] != pins[n])
     extra = sorted(n for n in have if n not in pins and n not in SEED_PACKAGES)
-    return {"installed": dict(sorted(have.items())), "missing": missing,
-            "mismatched": mismatched, "extra": extra,
-            "in_sync": not (missing or mismatched or extra)}
+    return {
+        "installed": dict(sorted(have.items())),
+        "missing": missing,
+        "mismatched": mismatched,
+        "extra": extra,
+        "in_sync": not (missing or mismatched or extra),
+    }
 
 
 def main() -> int:

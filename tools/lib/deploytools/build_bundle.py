@@ -530,13 +530,9 @@ def build_pack(
 
 def interpreter_version(path: str) -> str | None:
     """``X.Y`` of an interpreter, or None when it does not run (e.g. an inactive pyenv shim)."""
+    argv = [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]
     try:
-        done = subprocess.run(
-            [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except OSError:
         return None
     return done.stdout.strip() if done.returncode == 0 else None

@@ -93,3 +93,54 @@ def test_gate_history_shows_the_failed_attempts(host):
 def test_a_slower_model_passes_with_the_relative_gate_off():
     run = run_of("slower_model_accepted")
     assert run["rc"] == 0, run["output"][-3000:]
+
+
+def bakeoff_table() -> dict:
+    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bakeoff" / "molecule-rollback" / "bakeoff.json"
+    return json.loads(path.read_text())
+
+
+def test_the_bakeoff_keeps_the_faster_candidate():
+    run = json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bakeoff-run.json").read_text())
+    assert run["rc"] == 0, run["output"][-3000:]
+    table = bakeoff_table()
+    incumbent, candidate = table["rows"]
+    # The 32-layer incumbent may miss the TTFT threshold at concurrency 2; its single-stream gate passed.
+    assert incumbent["incumbent"] and incumbent["single"]["passed"], incumbent
+    assert candidate["name"] == "four-layers" and candidate["passed"], candidate
+    # Single-stream and at concurrency 2, on the same prompts.
+    assert incumbent["single"]["concurrency"] == candidate["single"]["concurrency"] == 1
+    assert incumbent["concurrent"]["concurrency"] == candidate["concurrent"]["concurrency"] == 2
+    assert candidate["single"]["decode_tps_mean"] > 1.1 * incumbent["single"]["decode_tps_mean"]
+    assert table["winner"] == "four-layers" and table["kept"] is True
+    out = " ".join(run["output"].split())
+    assert "four-layers deployed as the new last-known-good" in out
+    md = (Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bakeoff" / "molecule-rollback" / "bakeoff.md").read_text()
+    assert "| four-layers | yes |" in md and "Decision: four-layers beat the last-known-good" in md
+
+
+def test_the_bakeoff_table_is_on_the_host_too(host):
+    table = json.loads(host.file(f"{DEPLOY_DIR}/bakeoff/bakeoff.json").content_string)
+    assert table == bakeoff_table()
+    assert host.file(f"{DEPLOY_DIR}/bakeoff/bakeoff.md").mode == 0o600
+
+
+def test_the_slower_model_is_refused_by_the_relative_gate_and_rolled_back():
+    run = run_of("slower_model_refused")
+    assert run["rc"] != 0
+    out = " ".join(run["output"].split())
+    assert "failed on molecule-rollback:" in out
+    assert "below the last-known-good's" in out and "(max_regression_pct " in out
+    assert "The host is back on its last-known-good state" in out
+    assert "and serving: gate PASS" in out
+    assert run["started_after"] != run["started_before"]
+
+
+def test_the_host_ends_on_the_four_layer_model(host):
+    state = json.loads(host.file(f"{DEPLOY_DIR}/last-known-good/state.json").content_string)
+    config = json.loads(host.file(f"{state['model_dir']}/config.json").content_string)
+    assert config["num_hidden_layers"] == 4
+    assert host.file("/srv/models/tiny-qwen3.5/current").linked_to == state["model_dir"]
+    # The last-known-good keeps the figures the next deploy's relative gate compares with.
+    baseline = state["gate_baseline"]
+    assert baseline["decode_tps_mean"] > 0 and baseline["requests"] == 4 and baseline["unit_sha256"]

@@ -13,9 +13,14 @@ from pathlib import Path
 from typing import Any
 
 
+def ephemeral(name: str) -> Path:
+    """The path ``name`` in the scenario's ephemeral directory, where its playbooks write."""
+    return Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / name
+
+
 def recorded(name: str) -> Any:
     """The JSON file ``name`` that the scenario's playbooks wrote to its ephemeral directory."""
-    return json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / name).read_text())
+    return json.loads(ephemeral(name).read_text())
 
 
 def failed_output(run: dict[str, Any]) -> str:

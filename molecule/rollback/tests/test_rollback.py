@@ -11,7 +11,7 @@ import pytest
 
 # molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-from verify_steps import failed_output, recorded  # noqa: E402
+from verify_steps import ephemeral, failed_output, recorded  # noqa: E402
 
 UNIT = "inference-server"
 DEPLOY_DIR = f"/var/lib/{UNIT}-deploy"
@@ -96,12 +96,12 @@ def test_a_slower_model_passes_with_the_relative_gate_off():
 
 
 def bakeoff_table() -> dict:
-    path = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bakeoff" / "molecule-rollback" / "bakeoff.json"
-    return json.loads(path.read_text())
+    """The bake-off's table as the playbook wrote it on the controller."""
+    return recorded("bakeoff/molecule-rollback/bakeoff.json")
 
 
 def test_the_bakeoff_keeps_the_faster_candidate():
-    run = json.loads((Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bakeoff-run.json").read_text())
+    run = recorded("bakeoff-run.json")
     assert run["rc"] == 0, run["output"][-3000:]
     table = bakeoff_table()
     incumbent, candidate = table["rows"]
@@ -115,7 +115,7 @@ def test_the_bakeoff_keeps_the_faster_candidate():
     assert table["winner"] == "four-layers" and table["kept"] is True
     out = " ".join(run["output"].split())
     assert "four-layers deployed as the new last-known-good" in out
-    md = (Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "bakeoff" / "molecule-rollback" / "bakeoff.md").read_text()
+    md = ephemeral("bakeoff/molecule-rollback/bakeoff.md").read_text()
     assert "| four-layers | yes |" in md and "Decision: four-layers beat the last-known-good" in md
 
 

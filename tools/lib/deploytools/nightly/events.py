@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 # --- Event markers --------------------------------------------------------------------
@@ -93,19 +93,31 @@ def task_label(event_data: Mapping[str, Any]) -> str:
     return f"{role} : {task}" if role else task
 
 
+def report_number(*path: str) -> Any:
+    """A :class:`GateFigure` field (default ``None``) that :func:`gate_from_result` reads as a
+    number at ``path`` in the gate's report."""
+    return field(default=None, metadata={"in_report": path})
+
+
+def stats_count(key: str) -> Any:
+    """A :class:`HostSummary` counter (default 0) that :func:`summarize_events` reads from the
+    ``playbook_on_stats`` event under ``key``, Ansible's name for it (``failures``, ``dark``...)."""
+    return field(default=0, metadata={"stats": key})
+
+
 # --- Event stream -> per-host summary ------------------------------------------------------
 
 
 @dataclass
 class GateFigure:
-    """What one host's gate reported."""
+    """What one host's gate reported (the report's own figures name their place in it)."""
 
     decode_tps: float | None = None
     passed: bool | None = None
     summary: str = ""
     report_path: str | None = None
-    ttft_p95_s: float | None = None
-    accept_length: float | None = None
+    ttft_p95_s: float | None = report_number("aggregate", "ttft_p95_s")
+    accept_length: float | None = report_number("speculative", "accept_length")
     timestamp: str | None = None
     unit_started: str | None = None
     unit_invocation_id: str | None = None
@@ -118,15 +130,15 @@ class GateFigure:
 
 @dataclass
 class HostSummary:
-    """Counts and findings for one host of the run."""
+    """Counts and findings for one host of the run (the counts as the play recap's stats give them)."""
 
-    ok: int = 0
-    changed: int = 0
-    failed: int = 0
-    unreachable: int = 0
-    skipped: int = 0
-    rescued: int = 0
-    ignored: int = 0
+    ok: int = stats_count("ok")
+    changed: int = stats_count("changed")
+    failed: int = stats_count("failures")
+    unreachable: int = stats_count("dark")
+    skipped: int = stats_count("skipped")
+    rescued: int = stats_count("rescued")
+    ignored: int = stats_count("ignored")
     changed_tasks: list[str] = field(default_factory=list)
     failed_tasks: list[dict[str, str]] = field(default_factory=list)
     service_restarts: list[str] = field(default_factory=list)
@@ -175,10 +187,13 @@ def gate_from_result(res: Mapping[str, Any], source: str) -> GateFigure | None:
         passed=bool(passed) if isinstance(passed, (bool, int)) else None,
         summary=short(res.get("summary") or report.get("summary") or res.get("msg")),
         report_path=res.get("report_path") if isinstance(res.get("report_path"), str) else None,
-        ttft_p95_s=as_number(dig(report, ("aggregate", "ttft_p95_s"))),
-        accept_length=as_number(dig(report, ("speculative", "accept_length"))),
         timestamp=report.get("timestamp") if isinstance(report.get("timestamp"), str) else None,
         source=source,
+        **{
+            f.name: as_number(dig(report, f.metadata["in_report"]))
+            for f in fields(GateFigure)
+            if "in_report" in f.metadata
+        },
     )
     for path in GATE_UNIT_START_PATHS:
         value = dig(res, path)
@@ -278,15 +293,7 @@ def summarize_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostSumma
         if summary.gate is None:
             summary.gate = figure
     if stats is not None:
-        counters = {
-            "ok": "ok",
-            "changed": "changed",
-            "failures": "failed",
-            "dark": "unreachable",
-            "skipped": "skipped",
-            "rescued": "rescued",
-            "ignored": "ignored",
-        }
+        counters = {f.metadata["stats"]: f.name for f in fields(HostSummary) if "stats" in f.metadata}
         names = set()
         for key in list(counters) + ["processed"]:
             if isinstance(stats.get(key), Mapping):

@@ -1,0 +1,1 @@
+"""The parts of ``bench/realsize``: the results it writes on the controller (``results``)."""

@@ -12,6 +12,7 @@ ml_env could try to build the SGLang venv.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -103,7 +104,10 @@ def cases(work: Path) -> list[Case]:
         Case("lock-unknown", "a lock name with no lock file",
              "`-e ml_env_lock=sglang-0.6.0`",
              r"ml_env_lock 'sglang-0\.6\.0' has no lock file at \S+/roles/ml_env/files/locks/sglang-0\.6\.0\.txt; "
-             r"set ml_env_lock to one of: sglang-0\.5\.11, transformers-cpu\.",
+             # Every lock the role has, the gateway's included (roles/gateway installs smg through ml_env).
+             r"set ml_env_lock to one of: "
+             + ", ".join(re.escape(p.stem) for p in sorted((REPO / "roles/ml_env/files/locks").glob("*.txt")))
+             + r"\.",
              extra={"ml_env_lock": "sglang-0.6.0"}),
         Case("venv-path-file", "a venv path that is a file",
              "`/opt/ml-env-file` is a plain file; `-e ml_env_path=/opt/ml-env-file`",

@@ -150,20 +150,24 @@ def test_the_role_passes_every_gate_variable_to_the_module():
         assert f"{option}:" in gate and name in gate, name
 
 
+def short_gate(server, tmp_path, **changes) -> dict:
+    """The module's arguments for a short gate against ``server``, reporting under tmp_path; ``changes`` on top."""
+    return {
+        "url": server.url,
+        "warmup_requests": 0,
+        "requests": 2,
+        "max_tokens": 16,
+        "poll_interval_s": 0.2,
+        "min_decode_tps": 1,
+        "report_dir": str(tmp_path / "gate"),
+        **changes,
+    }
+
+
 def test_module_pass_is_unchanged_and_stores_the_report(fake_server, tmp_path):
     server = fake_server()
     out = run_module(
-        {
-            "url": server.url,
-            "warmup_requests": 1,
-            "requests": 2,
-            "max_tokens": 16,
-            "poll_interval_s": 0.2,
-            "min_decode_tps": 1,
-            "report_dir": str(tmp_path / "gate"),
-            "metadata": {"model_revision": "r1"},
-            "api_key": "sk-mod-555",
-        }
+        short_gate(server, tmp_path, warmup_requests=1, metadata={"model_revision": "r1"}, api_key="sk-mod-555")
     )
     assert out.get("failed") is not True, out.get("msg")
     assert out["changed"] is False
@@ -177,17 +181,7 @@ def test_module_pass_is_unchanged_and_stores_the_report(fake_server, tmp_path):
 
 def test_module_failure_fails_the_task_and_still_stores_the_report(fake_server, tmp_path):
     server = fake_server()
-    out = run_module(
-        {
-            "url": server.url,
-            "warmup_requests": 0,
-            "requests": 2,
-            "max_tokens": 16,
-            "poll_interval_s": 0.2,
-            "min_decode_tps": 100000,
-            "report_dir": str(tmp_path / "gate"),
-        }
-    )
+    out = run_module(short_gate(server, tmp_path, min_decode_tps=100000))
     assert out["failed"] is True and out["changed"] is False
     assert out["msg"].startswith("gate FAIL: ")
     assert "below min_decode_tps 100000" in out["msg"]
@@ -225,16 +219,7 @@ def test_module_in_check_mode_measures_but_writes_nothing(fake_server, tmp_path)
 def test_module_relative_gate_fails_a_slower_changed_unit(fake_server, tmp_path):
     """The baseline a passing report leaves, passed back through Ansible's argument spec."""
     server = fake_server()
-    args = {
-        "url": server.url,
-        "warmup_requests": 0,
-        "requests": 2,
-        "max_tokens": 16,
-        "poll_interval_s": 0.2,
-        "min_decode_tps": 1,
-        "report_dir": str(tmp_path / "gate"),
-        "metadata": {"unit_sha256": "new"},
-    }
+    args = short_gate(server, tmp_path, metadata={"unit_sha256": "new"})
     first = run_module(args)
     assert first["passed"] is True, first.get("msg")
     baseline = dict(

@@ -512,17 +512,10 @@ def test_transformers_environment_and_bare_flags(launch_plan, tiny_config, rehea
         environment={"OMP_NUM_THREADS": 2, "HF_HUB_OFFLINE": None},
     )
     plan = launch_plan.build_plan(tiny_config, **kwargs)
-    assert plan["argv"][3:] == [
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8000",
-        "--device",
-        "cpu",
-        "--trust-remote-code",
-        "--log-level",
-        "info",
-    ]
+    # fmt: off
+    assert plan["argv"][3:] == ["--host", "127.0.0.1", "--port", "8000", "--device", "cpu",
+                                "--trust-remote-code", "--log-level", "info"]
+    # fmt: on
     assert plan["env"]["OMP_NUM_THREADS"] == "2"
     assert "HF_HUB_OFFLINE" not in plan["env"]
     assert list(plan["env"]) == sorted(plan["env"])
@@ -638,19 +631,10 @@ def test_tool_plans_the_rehearsal_host_from_the_controller_model(tmp_path):
     result = json.loads(proc.stdout)
     group = load_yaml("group_vars/rehearsal.yml")
     venv = expected_venv(group["ml_env_path"], group["ml_env_lock"])
-    assert result["plan"]["argv"] == [
-        f"{venv}/bin/transformers",
-        "serve",
-        "/srv/models/tiny-qwen3.5/current",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8000",
-        "--device",
-        "cpu",
-        "--dtype",
-        "auto",
-    ]
+    # fmt: off
+    assert result["plan"]["argv"] == [f"{venv}/bin/transformers", "serve", "/srv/models/tiny-qwen3.5/current",
+                                      "--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--dtype", "auto"]
+    # fmt: on
     assert any("transformers 5.6.0" in note for note in result["plan"]["notes"])  # the lock's pin
 
 

@@ -117,7 +117,7 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
         id="controller-killed",
         fault="the controller's run is killed mid-deploy and run again",
         how="SIGKILL to ansible-playbook and its workers right after the new unit file (a new Environment= "
-        "line) was written, before the handler restarted the server; then the same deploy again",
+        "line) was written, before the deploy restarted the server; then the same deploy again",
         happened=f"the host kept the new unit file with the old process (MainPID {before['MainPID']} unchanged) "
         "and the killed run's lock",
         host_did="the rerun took over the lock of the dead run (warning), found the unit file newer than the "

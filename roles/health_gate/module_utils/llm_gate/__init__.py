@@ -47,11 +47,13 @@ from .config import (
     BASELINE_SETTINGS,
     DEFAULTS,
     ENGINES,
+    RANGE_RULES,
     SCHEMA_VERSION,
     TTFT_STATISTIC,
     GateConfig,
     make_config,
     validate_config,
+    variable_problems,
 )
 from .discovery import (
     SERVER_INFO_KEYS,
@@ -96,6 +98,7 @@ __all__ = [
     "FALLBACK_PROMPTS",
     "HEALTH_PATH",
     "PHASE_TEXT",
+    "RANGE_RULES",
     "REPORT_NAME_RE",
     "SCHEMA_VERSION",
     "SERVER_INFO_KEYS",
@@ -142,5 +145,6 @@ __all__ = [
     "summary_line",
     "utc_now",
     "validate_config",
+    "variable_problems",
     "wait_ready",
 ]

@@ -134,6 +134,88 @@ def _number(cfg: dict[str, Any], key: str, errors: list[str], integer: bool = Fa
     return number
 
 
+@dataclasses.dataclass(frozen=True)
+class RangeRule:
+    """The range of one number option: at least ``low``, or more than ``low`` when ``strict``.
+
+    ``must`` says what the value must be in the words of the role's variable
+    (``health_gate_<key>``), for :func:`variable_problems`.
+    """
+
+    key: str
+    low: int
+    must: str
+    integer: bool = False
+    strict: bool = False
+
+    def error(self, value: float) -> str | None:
+        """The option's message for ``value`` (already a number), None when it is in range."""
+        if value > self.low or (value == self.low and not self.strict):
+            return None
+        if self.strict:
+            return f"{self.key} must be greater than {self.low}, got {value}"
+        if self.integer:
+            why = " (decode speed needs at least 2 tokens)" if self.key == "max_tokens" else ""
+            return f"{self.key} must be at least {self.low}, got {value}{why}"
+        return f"{self.key} must be 0 (no check) or positive, got {value}"
+
+
+# The ranges of the number options: checked by validate_config (the module, the CLI) and by
+# variable_problems (the role's preflight, before anything changes), nowhere else.
+RANGE_RULES: tuple[RangeRule, ...] = (
+    RangeRule("ready_timeout_s", 0, "more than 0 seconds", strict=True),
+    RangeRule("poll_interval_s", 0, "more than 0 seconds", strict=True),
+    RangeRule("health_timeout_s", 0, "more than 0 seconds", strict=True),
+    RangeRule("request_timeout_s", 0, "more than 0 seconds", strict=True),
+    RangeRule("requests", 1, "at least 1 measured request", integer=True),
+    RangeRule("concurrency", 1, "at least 1", integer=True),
+    RangeRule("warmup_requests", 0, "0 or more", integer=True),
+    RangeRule("max_tokens", 2, "at least 2 (decode speed needs two tokens)", integer=True),
+    RangeRule("keep_reports", 1, "at least 1", integer=True),
+    RangeRule("journal_max_lines", 10, "at least 10", integer=True),
+    RangeRule("journal_max_bytes", 1024, "at least 1024 bytes", integer=True),
+    RangeRule("min_decode_tps", 0, "0 (no check) or positive (tokens/s)"),
+    RangeRule("max_ttft_s", 0, "0 (no check) or positive (seconds)"),
+    RangeRule("min_accept_length", 0, "0 (no check) or positive"),
+    RangeRule("max_regression_pct", 0, "0 (off) or a percentage"),
+    RangeRule("regression_min_ttft_delta_s", 0, "0 or more seconds"),
+)
+
+
+def url_error(url: str) -> str | None:
+    """Why ``url`` is not an http(s)://HOST[:PORT] URL, None when it is one."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"url must look like http://HOST:PORT, got {url!r}"
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return f"url has an invalid port: {url!r}"
+    return None
+
+
+def variable_problems(values: dict[str, Any], prefix: str) -> list[str]:
+    """One sentence per option in ``values`` that breaks its rule, naming it ``<prefix><key>``.
+
+    ``values`` holds the options as the role's variables set them (strings from ``-e``
+    included); the rules are :data:`RANGE_RULES` and :func:`url_error`, as in
+    :func:`validate_config`.
+    """
+    problems = []
+    if "url" in values and url_error(str(values["url"] or "")):
+        problems.append(f"{prefix}url is {values['url']}, but it must be a URL starting with http:// or https://")
+    for rule in RANGE_RULES:
+        if rule.key not in values:
+            continue
+        checked = {rule.key: values[rule.key]}
+        errors: list[str] = []
+        number = _number(checked, rule.key, errors, integer=rule.integer)
+        if errors or (number is not None and rule.error(number)):
+            kind = "a whole number, " if rule.integer and errors else ""
+            problems.append(f"{prefix}{rule.key} is {values[rule.key]}, but it must be {kind}{rule.must}")
+    return problems
+
+
 def validate_config(options: dict[str, Any]) -> GateConfig:
     """Check every option of a :func:`make_config` result; raise :class:`GateUsageError` listing all problems.
 
@@ -142,45 +224,16 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
     """
     cfg = dict(options)
     errors: list[str] = []
-    url = str(cfg.get("url") or "")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        errors.append(f"url must look like http://HOST:PORT, got {url!r}")
-    else:
-        try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError:
-            errors.append(f"url has an invalid port: {url!r}")
+    problem = url_error(str(cfg.get("url") or ""))
+    if problem:
+        errors.append(problem)
     if cfg.get("engine") not in ENGINES:
         errors.append(f"engine must be one of {', '.join(ENGINES)}, got {cfg.get('engine')!r}")
-    positive = ("ready_timeout_s", "poll_interval_s", "health_timeout_s", "request_timeout_s")
-    for key in positive:
-        value = _number(cfg, key, errors)
-        if value is not None and value <= 0:
-            errors.append(f"{key} must be greater than 0, got {value}")
-    for key, low in (
-        ("requests", 1),
-        ("concurrency", 1),
-        ("warmup_requests", 0),
-        ("max_tokens", 2),
-        ("keep_reports", 1),
-        ("journal_max_lines", 10),
-        ("journal_max_bytes", 1024),
-    ):
-        value = _number(cfg, key, errors, integer=True)
-        if value is not None and value < low:
-            why = " (decode speed needs at least 2 tokens)" if key == "max_tokens" else ""
-            errors.append(f"{key} must be at least {low}, got {value}{why}")
-    for key in (
-        "min_decode_tps",
-        "max_ttft_s",
-        "min_accept_length",
-        "max_regression_pct",
-        "regression_min_ttft_delta_s",
-    ):
-        value = _number(cfg, key, errors)
-        if value is not None and value < 0:
-            errors.append(f"{key} must be 0 (no check) or positive, got {value}")
+    for rule in RANGE_RULES:
+        value = _number(cfg, rule.key, errors, integer=rule.integer)
+        problem = None if value is None else rule.error(value)
+        if problem:
+            errors.append(problem)
     baseline = cfg.get("baseline")
     if baseline is not None and not isinstance(baseline, dict):
         errors.append("baseline must be a mapping of the last-known-good's figures")

@@ -182,6 +182,16 @@ class Run:
             and any(isinstance(r, dict) and r.get("changed") for r in (e.get("hosts") or {}).values())
         ]
 
+    def messages(self, task: str) -> list[str]:
+        """The ``msg`` of every successful result of the task named ``task`` (suffix match), whitespace-normalised."""
+        return [
+            " ".join(str(r.get("msg", "")).split())
+            for e in self.events
+            if e.get("_event") == "v2_runner_on_ok" and e["task"]["name"].endswith(task)
+            for r in (e.get("hosts") or {}).values()
+            if isinstance(r, dict)
+        ]
+
     def warnings(self) -> list[str]:
         """Warnings returned by modules."""
         found = []

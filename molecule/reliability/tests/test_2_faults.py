@@ -92,7 +92,7 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
     before = server_state()
 
     def kill_before_restart(event: dict[str, Any], handle: RunHandle) -> None:
-        if task_started(event, "Note whether the unit, its secrets or its API key file changed in this run"):
+        if task_started(event, "Note whether the unit or one of its inputs changed in this run"):
             handle.kill()
 
     killed = deployer.run(MARK_A, watch=kill_before_restart, verbose=True)
@@ -122,7 +122,7 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
         "and the killed run's lock",
         host_did="the rerun took over the lock of the dead run (warning), found the unit file newer than the "
         "running process, restarted the server, gated it and recorded it as last-known-good",
-        evidence=took_over[:1] + [t for t in second.changed_tasks() if "interrupted deploy" in t],
+        evidence=took_over[:1] + second.messages("Say why the server restarts"),
         recover_s=second.duration_s,
         rc=second.rc,
     )
@@ -141,7 +141,9 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
 
     assert second.rc == 0, second.tail()
     assert took_over, f"no takeover warning: {second.warnings()}"
-    assert any("interrupted deploy" in t for t in second.changed_tasks()), second.changed_tasks()
+    restart_reasons = second.messages("Say why the server restarts")
+    assert any("an earlier deploy stopped before its restart" in m for m in restart_reasons), restart_reasons
+    assert any(t.endswith("Restart the server") for t in second.changed_tasks()), second.changed_tasks()
     assert pid != int(before["MainPID"]) and "RELIABILITY_MARK=a" in environ_of(pid)
     assert concurrent.rc != 0 and full_match(LOCK_REFUSAL, concurrent.message), concurrent.message
     assert not lock_held() and after["ActiveState"] == "active"

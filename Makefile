@@ -68,7 +68,7 @@ $(GW_WHEELHOUSE)/.complete: $(GW_LOCK) tools/build-bundle
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)
 
 GW_VENV := $(CACHE)/venvs/smg
-gateway-venv: $(GW_VENV)/.installed ## controller-side venv of the gateway's lock (tests/test_gateway.py)
+gateway-venv: $(GW_VENV)/.installed ## controller-side venv of the gateway's lock (tests/gateway/test_gateway.py)
 
 $(GW_VENV)/.installed: $(GW_WHEELHOUSE)/.complete
 	$(PYTHON) -m venv $(GW_VENV)

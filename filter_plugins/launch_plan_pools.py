@@ -37,7 +37,7 @@ MIB = 1024**2
 
 # Memory the CUDA context, NCCL and torch take before the weights load, per GPU. Measured
 # with SGLang 0.5.11 on one H200 (bench/realsize; figures in
-# tests/fixtures/sglang_realsize_h200_logged.json): nvidia-smi's
+# tests/launch_plan/fixtures/sglang_realsize_h200_logged.json): nvidia-smi's
 # 143771 MiB are 140.40 GiB, and SGLang logged 88.07 GiB available after 51.05 GiB of weights,
 # so 139.12 GiB were available before them (get_available_gpu_memory in
 # ModelRunner.init_torch_distributed). Not measured at TP 2 (NCCL may take more there).

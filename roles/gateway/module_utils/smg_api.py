@@ -1,6 +1,6 @@
 """A small client of smg's worker API (``GET/POST /workers``, ``DELETE /workers/{id}``).
 
-Shared by the ``smg_worker`` module and the tests (``tests/test_gateway.py``); standard
+Shared by the ``smg_worker`` module and the tests (``tests/gateway/test_gateway.py``); standard
 library only, so it runs with any host Python. The control-plane key is read from the
 gateway's environment file on the host (``SMG_CONTROL_PLANE_API_KEY=...``), so it never
 travels as a module argument and never appears in a result.

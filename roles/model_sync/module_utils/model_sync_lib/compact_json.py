@@ -3,7 +3,7 @@
 Kept instead of ``json.dumps`` for start-up time: ``import json`` pulls in ``re`` and costs
 about 9 ms under ``python3 -IS``, as much as the whole rest of a no-op ``model-sync deploy``
 (about 10 ms; ``bench/model_sync``'s no-op row). The Ansible module does not use it (AnsibleModule
-has imported ``json`` already). tests/test_model_sync_engine.py checks it against ``json``.
+has imported ``json`` already). tests/model_sync/test_model_sync_engine.py checks it against ``json``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+"""The bake-off's filters (filter_plugins/bakeoff.py): figures of a gate report, the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location("bakeoff_filters", REPO / "filter_plugins" / "bakeoff.py")
+bakeoff = importlib.util.module_from_spec(_SPEC)  # type: ignore[arg-type]
+sys.modules["bakeoff_filters"] = bakeoff
+_SPEC.loader.exec_module(bakeoff)  # type: ignore[union-attr]
+
+
+def report(tps: float, concurrency: int = 1, passed: bool = True) -> dict:
+    return {
+        "passed": passed,
+        "summary": "gate PASS",
+        "timestamp": "t",
+        "metadata": {"unit_sha256": "u"},
+        "aggregate": {"decode_tps_mean": tps, "ttft_p95_s": 0.1, "total_tps": tps * concurrency, "requests": 4},
+        "settings": {"concurrency": concurrency},
+        "speculative": None,
+    }
+
+
+def test_figures_of_a_report():
+    assert bakeoff.bakeoff_figures(report(50.0, 2)) == {
+        "passed": True,
+        "decode_tps_mean": 50.0,
+        "ttft_p95_s": 0.1,
+        "total_tps": 100.0,
+        "accept_length": None,
+        "requests": 4,
+        "concurrency": 2,
+        "summary": "gate PASS",
+        "timestamp": "t",
+        "unit_sha256": "u",
+    }
+    assert bakeoff.bakeoff_figures({}) == {} and bakeoff.bakeoff_figures(None) == {}
+
+
+def test_the_table_in_markdown():
+    rows = [
+        {
+            "name": "last-known-good",
+            "incumbent": True,
+            "passed": True,
+            "single": bakeoff.bakeoff_figures(report(40.0)),
+            "concurrent": bakeoff.bakeoff_figures(report(30.0, 2)),
+        },
+        {
+            "name": "dflash",
+            "passed": True,
+            "single": bakeoff.bakeoff_figures(report(50.0)),
+            "concurrent": bakeoff.bakeoff_figures(report(35.0, 2)),
+        },
+        {"name": "broken", "passed": False, "single": {}, "concurrent": {}, "failure": "engine refused"},
+    ]
+    md = bakeoff.bakeoff_markdown(
+        {
+            "host": "h",
+            "finished": "now",
+            "concurrency": 2,
+            "margin_pct": 10.0,
+            "rows": rows,
+            "decision": "dflash beat it",
+        }
+    )
+    assert "| last-known-good (incumbent) | yes | 40.0 | 0.100 | - | 30.0 | 60.0 | 0.100 | - |" in md
+    assert "| dflash | yes | 50.0 | 0.100 | - | 35.0 | 70.0 | 0.100 | +25.0 % |" in md
+    assert "| broken | no | - | - | - | - | - | - | - |" in md
+    assert "- broken: engine refused" in md and md.rstrip().endswith("Decision: dflash beat it")
+
+
+def test_the_plugin_exposes_both_filters():
+    assert set(bakeoff.FilterModule().filters()) == {"bakeoff_figures", "bakeoff_markdown"}

@@ -1,0 +1,217 @@
+"""The gate against the REAL rehearsal server: ``transformers serve`` with the tiny model.
+
+Finds the CPU venv and the model under ``$DEPLOY_CACHE_DIR`` (default ``<repo>/.cache``),
+which ``make tools-venv model`` builds. Missing, these tests FAIL (they never skip):
+the happy path must be proven against a real server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from gate_fakes import CLI, REPO, free_port
+from rehearsal_engine import MODEL, start_server, stop_server, wait_health
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_gate_module import SYSTEM_PYTHON, ansible_env, tool  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rehearsal_server():
+    """One real server for the module's happy-path tests."""
+    tmp = Path(tempfile.mkdtemp(prefix="gate-rehearsal-"))
+    port = free_port()
+    proc = start_server(tmp, port)
+    url = f"http://127.0.0.1:{port:d}"
+    try:
+        wait_health(url, proc, tmp / "server.log")
+        yield {"url": url, "proc": proc, "log": tmp / "server.log", "model": str(MODEL)}
+    finally:
+        stop_server(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([SYSTEM_PYTHON, str(CLI), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_server):
+    srv = rehearsal_server
+    proc = run_cli(
+        "--url",
+        srv["url"],
+        "--model",
+        srv["model"],
+        "--pid",
+        str(srv["proc"].pid),
+        "--log",
+        str(srv["log"]),
+        "--engine",
+        "transformers",
+        "--warmup",
+        "1",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "24",
+        "--min-decode-tps",
+        "1",
+        "--max-ttft",
+        "60",
+        "--json",
+        "--quiet",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["passed"] and report["engine"] == "transformers" and report["model"] == srv["model"]
+    assert len(report["requests"]) == 3
+    for req in report["requests"]:
+        # tokens come from the server's usage: at most max_tokens, and the random model may stop early
+        assert 1 <= req["completion_tokens"] <= 24
+        assert req["prompt_tokens"] > 50  # the shipped prompts are long coding prompts
+        assert req["ttft_s"] > 0 and req["e2e_s"] >= req["ttft_s"]
+    agg = report["aggregate"]
+    assert agg["completion_tokens"] == sum(r["completion_tokens"] for r in report["requests"])
+    assert agg["decode_tps_mean"] and agg["decode_tps_mean"] > 1
+    assert report["speculative"]["accept_length"] is None  # transformers reports none: check not applied
+    assert report["notes"] and "/v1/models lists no model" in report["notes"][0]
+
+
+def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal_server, tmp_path):
+    srv = rehearsal_server
+    unit_file = tmp_path / "inference-server.service"
+    unit_file.write_text("[Service]\nExecStart=/bin/true\n")
+    report_dir = tmp_path / "reports"
+    textfile_dir = tmp_path / "textfile_collector"
+    textfile_dir.mkdir(mode=0o755)  # as node_exporter's package leaves it: the role changes nothing there
+    textfile_dir.chmod(0o755)
+    playbook = tmp_path / "gate.yml"
+    playbook.write_text(
+        "- name: Gate the rehearsal server\n  hosts: localhost\n  connection: local\n"
+        "  gather_facts: false\n  roles:\n    - role: health_gate\n"
+    )
+    extra = {
+        "health_gate_textfile_dir": str(textfile_dir),
+        "health_gate_url": srv["url"],
+        "health_gate_unit": "",
+        "health_gate_model": srv["model"],
+        "health_gate_engine": "transformers",
+        "health_gate_warmup_requests": 1,
+        "health_gate_requests": 2,
+        "health_gate_max_tokens": 16,
+        "health_gate_min_decode_tps": 1,
+        "health_gate_max_ttft_s": 60,
+        "health_gate_report_dir": str(report_dir),
+        "health_gate_unit_file": str(unit_file),
+        "health_gate_metadata": {"venv_lock_sha256": "feed"},
+        "model_sync_revision": "tiny-r1",
+        "ansible_python_interpreter": SYSTEM_PYTHON,
+    }
+    env = ansible_env()
+    env.pop("ANSIBLE_STDOUT_CALLBACK")
+    proc = subprocess.run(
+        [tool("ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=str(REPO),
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "gate PASS: " in proc.stdout
+    assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
+    latest = json.loads((report_dir / "latest.json").read_text())
+    meta = latest["metadata"]
+    assert meta["unit_sha256"] == hashlib.sha256(unit_file.read_bytes()).hexdigest()
+    assert meta["env_sha256"] is None  # no such file on this machine
+    assert meta["model_revision"] == "tiny-r1" and meta["venv_lock_sha256"] == "feed"
+    assert latest["settings"]["prompts"][0] == "py-log-top-errors"
+    prom = (textfile_dir / "llm_gate.prom").read_text()
+    assert "llm_gate_passed" in prom and 'host="localhost"' in prom
+
+
+def test_role_failure_prints_the_summary_fails_and_keeps_the_report(rehearsal_server, tmp_path):
+    srv = rehearsal_server
+    report_dir = tmp_path / "reports"
+    playbook = tmp_path / "gate.yml"
+    playbook.write_text(
+        "- name: Gate the rehearsal server\n  hosts: localhost\n  connection: local\n"
+        "  gather_facts: false\n  roles:\n    - role: health_gate\n"
+    )
+    extra = {
+        "health_gate_url": srv["url"],
+        "health_gate_unit": "",
+        "health_gate_model": srv["model"],
+        "health_gate_warmup_requests": 0,
+        "health_gate_requests": 1,
+        "health_gate_max_tokens": 8,
+        "health_gate_min_decode_tps": 100000,
+        "health_gate_report_dir": str(report_dir),
+        "health_gate_textfile_dir": "",  # not this machine's node_exporter directory
+        "ansible_python_interpreter": SYSTEM_PYTHON,
+    }
+    env = ansible_env()
+    env.pop("ANSIBLE_STDOUT_CALLBACK")
+    proc = subprocess.run(
+        [tool("ansible-playbook"), "-i", "localhost,", str(playbook), "-e", json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=str(REPO),
+    )
+    assert proc.returncode != 0
+    out = proc.stdout
+    assert "gate FAIL: " in out and "is below min_decode_tps 100000" in out
+    assert out.index("Show the gate's verdict") < out.index("Fail when the gate failed")
+    assert json.loads((report_dir / "latest.json").read_text())["passed"] is False
+
+
+def test_a_real_server_killed_while_loading_fails_the_gate_within_seconds(tmp_path):
+    port = free_port()
+    server = start_server(tmp_path, port)
+    try:
+        gate = subprocess.Popen(
+            [
+                SYSTEM_PYTHON,
+                str(CLI),
+                "--url",
+                f"http://127.0.0.1:{port:d}",
+                "--pid",
+                str(server.pid),
+                "--log",
+                str(tmp_path / "server.log"),
+                "--model",
+                str(MODEL),
+                "--ready-timeout",
+                "300",
+                "--json",
+                "--quiet",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)  # transformers serve needs about 6 s to load: it is still loading
+        assert server.poll() is None
+        os.killpg(server.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = gate.communicate(timeout=60)
+        detected = time.monotonic() - killed
+    finally:
+        stop_server(server)
+    assert gate.returncode == 1, out + err
+    report = json.loads(out)
+    assert report["phase"] == "loading"
+    assert report["reasons"][0].startswith(f"process {server.pid:d} exited")
+    assert detected < 3.0, f"crash noticed after {detected:.1f} s"

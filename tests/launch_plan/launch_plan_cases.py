@@ -1,0 +1,51 @@
+"""Paths and shared test data of the launch-plan tests (plain module, not a pytest plugin)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHECK_SCRIPT = REPO / "roles" / "inference_server" / "files" / "check-launch-args.py"
+QWEN_CONFIG = REPO / "files" / "models" / "qwen3.6-27b.config.json"
+TINY_CONFIG = REPO / "tests" / "launch_plan" / "fixtures" / "tiny-qwen3.5-flat.config.json"
+
+# The origin story's by-hand launch (docs/launch-plan.md, the flags below), without --model-path:
+#   python3 -m sglang.launch_server --model-path ... --speculative-algorithm NEXTN
+#   --speculative-num-draft-tokens 1 --tensor-parallel-size 2 --port 30000 --host 0.0.0.0
+#   --trust-remote-code --dtype bfloat16
+# fmt: off
+ORIGIN_FLAGS = ["--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "1",
+                "--tensor-parallel-size", "2", "--port", "30000", "--host", "0.0.0.0", "--trust-remote-code",
+                "--dtype", "bfloat16"]
+# fmt: on
+# The same flags given to the plan as inference_server_overrides (host and port have their own variables).
+ORIGIN_OVERRIDES = {
+    "--speculative-algorithm": "NEXTN",
+    "--speculative-num-draft-tokens": 1,
+    "--tensor-parallel-size": 2,
+    "--trust-remote-code": True,
+    "--dtype": "bfloat16",
+}
+# What the plan says about them, before anything reaches a host.
+ORIGIN_REFUSAL = (
+    "speculative decoding (inference_server_overrides['--speculative-algorithm']: NEXTN) on the hybrid model "
+    "Qwen3_5ForConditionalGeneration with the radix cache needs --mamba-scheduler-strategy extra_buffer and "
+    "SGLANG_ENABLE_SPEC_V2=1, not no_buffer (the default auto), and SGLang refuses it at start-up: set "
+    "speculative_algorithm in inference_server_settings rather than in inference_server_overrides so the plan "
+    "derives extra_buffer, or add '--mamba-scheduler-strategy: extra_buffer' to inference_server_overrides, or "
+    "set disable_radix_cache: true in inference_server_settings."
+)
+
+
+def cache_dir() -> Path:
+    """``$DEPLOY_CACHE_DIR`` as the Makefile exports it, else ``<repo>/.cache``."""
+    return Path(os.environ.get("DEPLOY_CACHE_DIR") or REPO / ".cache")
+
+
+def load_yaml(relpath: str) -> Any:
+    """A YAML file of the repository."""
+    return yaml.safe_load((REPO / relpath).read_text())

@@ -1,0 +1,271 @@
+"""The converged fast path (roles/converged): the host-side record and check, and the
+controller-side fingerprint of a deploy's inputs. The molecule scenario ``default`` runs
+both for real (a no-op deploy skips the roles; each kind of drift falls through to them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles/converged"
+BIN = Path(sys.executable).parent
+SECRET = "not-a-real-secret-0f6c2a9e"  # a value that must never be printed
+sys.path.insert(0, str(ROLE / "library"))
+import converged_state as cs  # noqa: E402
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> dict:
+    """A host's managed paths in a temporary directory, and the module parameters naming them."""
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/unit.service").write_text("[Service]\nExecStart=/bin/true\n")
+    (tmp_path / "etc/secrets.env").write_text(f"TOKEN={SECRET}\n")
+    (tmp_path / "etc/secrets.env").chmod(0o600)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/config.json").write_text("{}")
+    (tmp_path / "model/w.safetensors").write_bytes(b"\0" * 4096)
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    site.mkdir(parents=True)
+    for dist in ("mdurl-0.1.2.dist-info", "torch-2.9.0.dist-info"):
+        (site / dist).mkdir()
+    (tmp_path / "current").symlink_to(tmp_path / "model")
+    params = {
+        "path": str(tmp_path / "deploy/converged.json"),
+        "fingerprint": {"variables of role a": "1", "files of role a": "2"},
+        "files": [str(tmp_path / p) for p in ("etc/unit.service", "etc/secrets.env", "etc", "current", "absent.yaml")],
+        "trees": [str(tmp_path / "model")],
+        "venvs": [str(tmp_path / "venv")],
+        "users": ["root"],
+        "groups": ["root"],
+        "unit": "",
+        "facts": {"model_sync_revision": "abc"},
+    }
+    return {"root": tmp_path, "params": params, "site": site}
+
+
+def check(params: dict) -> list[str]:
+    """The differences between the record at params['path'] and the host now."""
+    record, missing = cs.read_record(params["path"])
+    return [missing] if missing else cs.differences(record, params)
+
+
+def recorded(params: dict) -> dict:
+    """Write the record of the host as it is now."""
+    cs.write_record(params["path"], cs.take_record(params))
+    return params
+
+
+def test_an_unchanged_host_is_converged_and_the_record_is_private(host):
+    params = recorded(host["params"])
+    assert check(params) == []
+    assert os.stat(params["path"]).st_mode & 0o777 == 0o600
+    assert SECRET not in Path(params["path"]).read_text()
+
+
+@pytest.mark.parametrize(
+    "drift, reason",
+    [
+        (
+            lambda r: (r / "etc/unit.service").write_text("[Service]\nExecStart=/bin/false\n"),
+            "etc/unit.service was edited (its sha256 changed).",
+        ),
+        (lambda r: os.chmod(r / "etc/secrets.env", 0o640), "etc/secrets.env changed mode or owner."),
+        (lambda r: (r / "etc/unit.service").unlink(), "etc/unit.service is gone."),
+        (lambda r: (r / "absent.yaml").write_text("x"), "absent.yaml exists, but the converged deploy had removed it."),
+        (lambda r: ((r / "current").unlink(), (r / "current").symlink_to(r / "etc")), "current points at"),
+        (
+            lambda r: os.utime(r / "model/w.safetensors", ns=(1, 1)),
+            "model: w.safetensors changed (size, mtime, mode or owner).",
+        ),
+        (lambda r: (r / "model/extra.bin").write_text("x"), "model: extra.bin changed"),
+        (
+            lambda r: (r / "venv/lib/python3.11/site-packages/mdurl-0.1.2.dist-info").rmdir(),
+            "changed: removed ['mdurl-0.1.2.dist-info'], added nothing.",
+        ),
+        (
+            lambda r: (r / "venv/lib/python3.11/site-packages/torch-2.9.0.dist-info").rename(
+                r / "venv/lib/python3.11/site-packages/torch-2.9.1.dist-info"
+            ),
+            "changed: removed ['torch-2.9.0.dist-info'], added ['torch-2.9.1.dist-info'].",
+        ),
+    ],
+)
+def test_each_kind_of_drift_is_named(host, drift, reason):
+    params = recorded(host["params"])
+    drift(host["root"])
+    reasons = check(params)
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_changed_inputs_name_their_part_and_a_missing_record_says_so(host):
+    params = recorded(host["params"])
+    assert check({**params, "fingerprint": {"variables of role a": "9", "files of role a": "2"}}) == [
+        "The deploy's inputs changed: variables of role a."
+    ]
+    assert check({**params, "fingerprint": {"variables of role a": "1"}}) == [
+        "The deploy's inputs changed: files of role a."
+    ]
+    os.unlink(params["path"])
+    assert check(params) == [f"No converged deploy is on record ({params['path']} does not exist)."]
+    Path(params["path"]).write_text("{not json")
+    assert check(params)[0].startswith(f"The record {params['path']} cannot be read:")
+
+
+@pytest.fixture
+def systemctl(tmp_path: Path, monkeypatch) -> Path:
+    """A systemctl on PATH that prints the properties written to its file (states a test cannot make here)."""
+    props = tmp_path / "props"
+    tool = tmp_path / "bin/systemctl"
+    tool.parent.mkdir()
+    tool.write_text(f"#!/bin/sh\ncat {props}\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
+    return props
+
+
+@pytest.mark.parametrize(
+    "props, problem",
+    [
+        ("ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=no\n", None),
+        (
+            "ActiveState=activating\nUnitFileState=enabled\nNeedDaemonReload=no\n",
+            "The unit llm is activating, not active.",
+        ),
+        (
+            "ActiveState=active\nUnitFileState=disabled\nNeedDaemonReload=no\n",
+            "The unit llm is disabled at boot, not enabled.",
+        ),
+        (
+            "ActiveState=active\nUnitFileState=enabled\nNeedDaemonReload=yes\n",
+            "The unit file of llm changed on disk since systemd loaded it.",
+        ),
+    ],
+)
+def test_the_unit_must_be_active_enabled_and_loaded(systemctl, props, problem):
+    systemctl.write_text(props)
+    assert cs.unit_problem("llm") == problem
+
+
+def run_module(params: dict, check_mode: bool = False) -> dict:
+    """Run the module as Ansible does (arguments in a file) and return its JSON result."""
+    args = Path(params["path"]).parent.parent / "args.json"
+    args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**params, "_ansible_check_mode": check_mode}}))
+    proc = subprocess.run(
+        [sys.executable, str(ROLE / "library/converged_state.py"), str(args)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return json.loads(proc.stdout)
+
+
+def test_the_module_removes_a_stale_record_but_not_in_check_mode(host):
+    params = host["params"]
+    result = run_module({**params, "state": "recorded"})
+    assert result["changed"] is False and result["paths"]["tree_files"] == 2
+    assert run_module({**params, "state": "checked"})["facts"] == {"model_sync_revision": "abc"}
+    (host["root"] / "etc/unit.service").write_text("edited")
+    dry = run_module({**params, "state": "checked"}, check_mode=True)
+    assert dry["converged"] is False and dry["removed"] is False and Path(params["path"]).exists()
+    real = run_module({**params, "state": "checked"})
+    assert real["converged"] is False and real["removed"] is True and real["facts"] == {}
+    assert not Path(params["path"]).exists()
+    assert run_module({**params, "state": "absent"})["removed"] is False
+
+
+# ------------------------------------------------------------------ the controller's fingerprint
+
+
+def fingerprint(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]:
+    """Run the converged_fingerprint action on a role of tmp_path; returns its parts and the output."""
+    role = tmp_path / "roles/r"
+    if not role.exists():
+        (role / "meta").mkdir(parents=True)
+        (role / "tasks").mkdir()
+        (role / "tasks/main.yml").write_text("---\n- ansible.builtin.debug: {msg: hi}\n")
+        (role / "meta/argument_specs.yml").write_text(
+            yaml.safe_dump(
+                {
+                    "argument_specs": {
+                        "main": {
+                            "options": {
+                                "r_port": {"type": "int"},
+                                "r_token": {"type": "str"},
+                                "r_derived": {"type": "str"},
+                                "r_keep": {"type": "list"},
+                            }
+                        },
+                        "other": {"options": {"r_other": {"type": "str"}}},
+                    }
+                }
+            )
+        )
+        (tmp_path / "big.bin").write_bytes(b"\0" * (2 << 20))
+    # fmt: off
+    play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"name": "Fingerprint", "converged_fingerprint": {
+            "roles_dir": str(tmp_path / "roles"), "roles": ["r"], "ignore_vars": ["r_keep"],
+            "paths": [str(tmp_path / "big.bin"), str(tmp_path / "no-such-path")], "facts": {"gpus": []}},
+         "register": "fp"},
+        {"name": "Show", "ansible.builtin.debug": {"var": "fp.fingerprint"}}]}]
+    # fmt: on
+    # fmt: off
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    env = dict(os.environ, ANSIBLE_ACTION_PLUGINS=str(ROLE / "action_plugins"),
+               ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
+               PATH=f"{BIN}:{os.environ['PATH']}")
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
+                           *args, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # fmt: on
+    tasks = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"]
+    return tasks[-1]["hosts"]["localhost"]["fp.fingerprint"], proc.stdout + proc.stderr
+
+
+BASE = {"r_port": 8000, "r_token": SECRET, "r_derived": "{{ r_port + 1 }}", "r_keep": ["/a"]}
+
+
+def changed_parts(before: dict, after: dict) -> list[str]:
+    """The parts whose digest differs."""
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+def test_the_fingerprint_follows_documented_variables_role_files_and_controller_paths(tmp_path):
+    first, out = fingerprint(tmp_path, BASE, "-vvvv")
+    assert SECRET not in out, "a secret value was printed"
+    assert sorted(first) == [
+        "controller path " + str(tmp_path / "big.bin"),
+        "controller path " + str(tmp_path / "no-such-path"),
+        "files of role r",
+        "host facts",
+        "variables of role r",
+    ]
+    again, _ = fingerprint(tmp_path, BASE)
+    assert again == first, "the same inputs must give the same fingerprint"
+    # An ignored variable, or one no role documents, is not an input.
+    assert fingerprint(tmp_path, {**BASE, "r_keep": ["/b"], "unrelated": 1})[0] == first
+    # A documented variable of any entry point, also through another variable's template.
+    for changed in ({"r_token": SECRET + "x"}, {"r_other": "set"}, {"r_port": 8001}):
+        assert changed_parts(first, fingerprint(tmp_path, {**BASE, **changed})[0]) == ["variables of role r"], changed
+    (tmp_path / "roles/r/tasks/main.yml").write_text("---\n- ansible.builtin.debug: {msg: changed}\n")
+    after_edit, _ = fingerprint(tmp_path, BASE)
+    assert changed_parts(first, after_edit) == ["files of role r"]
+    os.utime(tmp_path / "big.bin", ns=(1, 1))
+    assert changed_parts(after_edit, fingerprint(tmp_path, BASE)[0]) == ["controller path " + str(tmp_path / "big.bin")]
+
+
+def test_a_variable_that_cannot_be_resolved_yet_is_an_input_that_is_stable(tmp_path):
+    pending = {**BASE, "r_derived": "{{ fact_set_later.path }}"}
+    first, _ = fingerprint(tmp_path, pending)
+    assert fingerprint(tmp_path, pending)[0] == first
+    assert changed_parts(first, fingerprint(tmp_path, BASE)[0]) == ["variables of role r"]

@@ -1,0 +1,182 @@
+"""The unit's ExecStartPre port guard and the interrupted-restart detector (roles/inference_server/files).
+
+port-guard reads /proc like on a host: a real process listens on a real port here. Whether a
+holder belongs to the unit is a question of its control group; outside systemd the test
+decides it by replacing ``unit_of``. The molecule scenario ``reliability`` runs both for
+real in a systemd container (a foreign orphan refused, a left-over of the unit stopped).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_server" / "files"
+# The guard is a subcommand of the roles' one host helper, installed as .../port-guard.
+HOST_TOOL = FILES / "llm_host.py"
+GUARD = [str(HOST_TOOL), "guard"]
+LISTEN = """import socket, sys, time
+s = socket.socket(socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET)
+s.bind(("::1" if sys.argv[2] == "6" else "127.0.0.1", int(sys.argv[1])))
+s.listen()
+print("listening", flush=True)
+time.sleep(60)
+"""
+
+
+def load() -> ModuleType:
+    """The host helper (the guard among its subcommands) as a module."""
+    spec = importlib.util.spec_from_file_location("llm_host", HOST_TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    """A port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def holder():
+    """Start a process that listens on a fresh port (IPv4 or IPv6); yields (process, port)."""
+    started = []
+
+    def start(family: str = "4"):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-c", LISTEN, str(port), family], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "listening"
+        started.append(proc)
+        return proc, port
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_free_port_passes_silently():
+    proc = subprocess.run(
+        [sys.executable, *GUARD, str(free_port()), "inference-server"], capture_output=True, text=True
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("family", ["4", "6"])
+def test_a_foreign_holder_is_named_and_left_alone(holder, family):
+    if family == "6" and not socket.has_ipv6:
+        pytest.fail("this machine has no IPv6 loopback; the guard reads /proc/net/tcp6 too")
+    proc, port = holder(family)
+    out = subprocess.run([sys.executable, *GUARD, str(port), "inference-server"], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert out.stderr.startswith(f"port-guard: port {port} is already taken by pid {proc.pid} ({sys.executable} -c ")
+    assert out.stderr.rstrip().endswith(
+        "which is not part of inference-server.service, so inference-server.service will not start: stop that "
+        "process or set inference_server_port to a free port."
+    )
+    assert proc.poll() is None, "a process of another owner must never be stopped"
+
+
+def test_a_left_over_of_our_unit_is_stopped_and_the_start_goes_on(holder, monkeypatch, capsys):
+    guard = load()
+    proc, port = holder()
+    monkeypatch.setattr(guard, "unit_of", lambda pid: "inference-server.service" if pid == proc.pid else None)
+    started = time.monotonic()
+    assert guard.guard(port, "inference-server", grace_s=5) == 0
+    assert time.monotonic() - started < 5, "SIGTERM was enough"
+    assert proc.wait(timeout=5) == -15
+    out = capsys.readouterr().out
+    assert out.startswith(f"port-guard: port {port} is held by pid {proc.pid} (")
+    assert "a process left over in inference-server.service from an earlier run: stopping it." in out
+    assert not guard.listening(port)
+
+
+def test_a_left_over_that_ignores_sigterm_is_killed(holder, monkeypatch):
+    guard = load()
+    stubborn = (
+        "import signal, socket, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', "
+        "flush=True); time.sleep(60)\n"
+    )
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", stubborn, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "listening"
+        monkeypatch.setattr(guard, "unit_of", lambda pid: "inference-server.service" if pid == proc.pid else None)
+        assert guard.guard(port, "inference-server.service", grace_s=0.5) == 0
+        assert proc.wait(timeout=5) == -9
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_usage():
+    proc = subprocess.run([sys.executable, *GUARD, "http"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: port-guard PORT UNIT")
+
+
+def test_installed_as_port_guard_it_is_the_guard(tmp_path):
+    """The unit runs ``/usr/local/lib/<unit>/port-guard PORT UNIT``: that name alone selects the guard."""
+    installed = tmp_path / "port-guard"
+    installed.write_bytes(HOST_TOOL.read_bytes())
+    proc = subprocess.run(
+        [sys.executable, str(installed), str(free_port()), "inference-server"], capture_output=True, text=True
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    proc = subprocess.run([sys.executable, str(installed), "http"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("usage: port-guard PORT UNIT")
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# systemctl show for started-before.py: a main process that started %(ago)s s ago.
+echo "MainPID=%(pid)s"
+echo "ExecMainStartTimestampMonotonic=%(mono)s"
+"""
+
+
+def started_before(tmp_path: Path, ago: float, pid: int, files: list[Path]) -> dict:
+    """Run started-before.py with a fake systemctl whose main process started ``ago`` seconds ago."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    mono = int((time.clock_gettime(time.CLOCK_MONOTONIC) - ago) * 1e6)
+    fake = bin_dir / "systemctl"
+    fake.write_text(FAKE_SYSTEMCTL % {"ago": ago, "pid": pid, "mono": mono})
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    out = subprocess.run(
+        [sys.executable, str(FILES / "started-before.py"), "inference-server", *map(str, files)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_files_newer_than_the_running_process_are_named(tmp_path):
+    old, new, missing = tmp_path / "unit", tmp_path / "secrets", tmp_path / "api-key.yaml"
+    old.write_text("x")
+    new.write_text("y")
+    now = time.time()
+    os.utime(old, (now - 100, now - 100))
+    result = started_before(tmp_path, ago=30, pid=4242, files=[old, new, missing])
+    assert result["active"] is True and abs(result["started"] - (now - 30)) < 2
+    assert result["newer"] == [str(new)]
+
+
+def test_a_stopped_unit_has_nothing_pending(tmp_path):
+    unit = tmp_path / "unit"
+    unit.write_text("x")
+    assert started_before(tmp_path, ago=30, pid=0, files=[unit]) == {"active": False, "started": None, "newer": []}

@@ -1,0 +1,151 @@
+"""tools/reliability-report: the page is rendered from the scenario's results only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "reliability-report"
+
+RESULTS = {
+    "schema": 1,
+    "generated": "2026-11-30T01:00:00Z",
+    "commit": "abc1234",
+    "duration_s": 300.0,
+    "machine": {"cpus": 2, "load_avg": [1.0, 1.5, 2.0]},
+    "image": "local/img:1",
+    "rows": [
+        {
+            "table": "bad_input",
+            "case": "port taken",
+            "how": "a squatter",
+            "message": "Port 8001 | taken.",
+            "refused_by": "preflight : Refuse",
+            "changed": 0,
+            "untouched": True,
+            "seconds": 3.1,
+            "matched": True,
+        },
+        {
+            "table": "bad_input",
+            "case": "bad",
+            "how": "x",
+            "message": "m",
+            "refused_by": "t",
+            "changed": 2,
+            "untouched": False,
+            "seconds": 1.0,
+            "matched": False,
+        },
+        {
+            "table": "faults",
+            "fault": "crash",
+            "how": "kill -9",
+            "happened": "died",
+            "host_did": "rolled back",
+            "message": "Deploy step failed",
+            "recover_s": 23.8,
+            "rc": 2,
+        },
+        {"table": "secrets", "where": "play output", "searched": "9 runs", "found": 0},
+        {"table": "secrets_on_purpose", "where": "/etc/x/secrets.env", "mode": "600 root:root", "holds": "HF"},
+        {
+            "table": "files",
+            "path": "/etc/x",
+            "expected": "directory root:inference 0750",
+            "found": "directory root:inference 0750",
+        },
+    ],
+}
+
+
+def render(tmp_path: Path, *args: str, results: dict = RESULTS) -> subprocess.CompletedProcess:
+    """Run the tool on ``results``, writing tmp_path/page.md."""
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    return subprocess.run(
+        [sys.executable, str(TOOL), "--results", str(path), "--out", str(tmp_path / "page.md"), *args],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_tables_hold_the_rows_with_pipes_escaped(tmp_path):
+    proc = render(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "page.md").read_text()
+    assert ("| port taken | a squatter | `Port 8001 \\| taken.` | preflight : Refuse | 0 | yes | 3.1 |") in page
+    assert "| bad | x | `m` | t | 2 | NO (message NOT as asserted) | 1.0 |" in page
+    assert "| crash | kill -9 | died | rolled back Message: `Deploy step failed` | 23.8 |" in page
+    assert "| play output | 9 runs | 0 |" in page
+    assert "6 rows, 1 of them not as expected" in page
+    assert "commit `abc1234`" in page
+
+
+def test_check_says_whether_the_page_is_current(tmp_path):
+    assert render(tmp_path).returncode == 0
+    assert render(tmp_path, "--check").returncode == 0
+    (tmp_path / "page.md").write_text("edited by hand\n")
+    assert render(tmp_path, "--check").returncode == 1
+
+
+def test_a_missing_or_foreign_results_file_is_a_usage_error(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), "--results", str(tmp_path / "none.json"), "--out", str(tmp_path / "page.md")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "run `molecule test -s reliability` first" in proc.stderr
+    assert render(tmp_path, results={"schema": 9, "rows": []}).returncode == 2
+
+
+def test_a_files_rule_counts_by_the_tests_verdict(tmp_path):
+    rule = {
+        "table": "files",
+        "path": "unit main process",
+        "expected": "user inference (uid < 1000, nologin)",
+        "found": "user inference (uid 999, shell /usr/sbin/nologin)",
+    }
+    for ok, counted in ((True, 1), (False, 2)):
+        results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok)])
+        assert render(tmp_path, results=results).returncode == 0
+        assert f"7 rows, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
+
+
+ROLLING = {
+    "hosts": 3,
+    "requests": 812,
+    "failed": 0,
+    "cut": 0,
+    "p50_s": 0.61,
+    "p99_s": 1.9,
+    "p99_before_s": 0.9,
+    "rollout_s": 250.3,
+    "gateway": "smg 1.13.0",
+    "clients": 4,
+    "restarted_hosts": 3,
+    "bad_change_stopped_at": "molecule-fleet-1",
+    "bad_change_s": 80.2,
+    "measured_at": "2026-12-01T14:00:00Z",
+    "cpus": 2,
+    "phases": {
+        "good_change": {"requests": 500, "failed": 0, "cut": 0},
+        "bad_change": {"requests": 200, "failed": 0, "cut": 0},
+    },
+}
+
+
+def test_the_gateway_rows_carry_the_rolling_figures_and_say_so_when_missing(tmp_path):
+    rolling = tmp_path / "rolling.json"
+    rolling.write_text(json.dumps(ROLLING))
+    assert render(tmp_path, "--rolling", str(rolling)).returncode == 0
+    page = (tmp_path / "page.md").read_text()
+    assert "## Rolling deploys through the gateway" in page
+    assert "| a good change rolled over every host (the drain) |" in page and "| 500 | 0 | 0 |" in page
+    assert "molecule-fleet-1 failed its start" in page and "| 200 | 0 | 0 |" in page
+    assert "| the gateway in front of the fleet |" in page and "| 812 | 0 | 0 |" in page
+    assert "6 rows, 1 of them not as expected" in page
+    assert render(tmp_path, "--rolling", str(tmp_path / "none.json")).returncode == 0
+    assert "Not measured yet" in (tmp_path / "page.md").read_text()

@@ -473,6 +473,19 @@ def test_ratio_pairs_the_gate_and_bench_of_the_same_server() -> None:
     assert ga.report.summarize(state, None)["gate_passed"] is False
 
 
+@pytest.mark.parametrize(
+    ("gpus", "title"),
+    [
+        (["NVIDIA H200, 580.159.04, 143771 MiB"], "1x NVIDIA H200"),
+        (["NVIDIA RTX A6000, 550.54, 49140 MiB"] * 2, "2x NVIDIA RTX A6000"),
+        (["NVIDIA H200, 5, 1 MiB", "NVIDIA L4, 5, 1 MiB"], "1x NVIDIA H200 + 1x NVIDIA L4"),
+        ([], "an unknown GPU host"),
+    ],
+)
+def test_the_report_names_the_gpus_it_ran_on(gpus: list[str], title: str) -> None:
+    assert ga.report.gpus_title({"gpus": gpus}) == title
+
+
 def test_model_archive_is_deterministic(tmp_path: Path) -> None:
     src = tmp_path / "m"
     (src / "sub").mkdir(parents=True)

@@ -111,11 +111,25 @@ def summarize(state: dict[str, Any], manifest: dict[str, Any] | None) -> dict[st
     }
 
 
+def gpus_title(device: dict[str, Any]) -> str:
+    """``2x NVIDIA H200`` from device_info()'s ``gpus`` (nvidia-smi's "name, driver, memory" lines).
+
+    >>> gpus_title({"gpus": ["NVIDIA H200, 580.159.04, 143771 MiB"] * 2})
+    '2x NVIDIA H200'
+    >>> gpus_title({})
+    'an unknown GPU host'
+    """
+    names = [line.split(",")[0].strip() for line in device.get("gpus") or []]
+    if not names:
+        return "an unknown GPU host"
+    return " + ".join(f"{names.count(name)}x {name}" for name in dict.fromkeys(names))
+
+
 def markdown(summary: dict[str, Any], dev: Device) -> str:
     """gpu_acceptance.md: the headline numbers and the log excerpts that matter."""
     keys = HEADLINE_KEYS
     lines = [
-        "# GPU acceptance: real SGLang from our launch plan on 2x H200",
+        f"# GPU acceptance: real SGLang from our launch plan on {gpus_title(summary.get('device') or {})}",
         "",
         "| key | value |",
         "| --- | --- |",

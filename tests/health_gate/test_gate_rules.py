@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_support import CONTROLLER_BIN, REPO, ROLE, llm_gate  # noqa: E402 - imported after the sys.path insert
+from gate_fakes import CONTROLLER_BIN, REPO, ROLE, llm_gate
 
 PREFLIGHT = ROLE / "tasks" / "preflight.yml"
 

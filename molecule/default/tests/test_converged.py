@@ -18,7 +18,7 @@ SHARD = "model-00004-of-00004.safetensors"
 FULL_PATH_TASKS = [
     "ml_env : Compare the installed packages with the lock",
     "model_sync : Push the model from the controller into the incoming snapshot",
-    "inference_server : Write the unit and its inputs (secrets, API key file, logging configuration)",
+    "inference_server : Write the unit and the inputs that hold no secret",
 ]
 
 

@@ -24,7 +24,7 @@ GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
 .PHONY: help demo test prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down \
-        lint pytest molecule reliability clean
+        sglang-check-venv lint pytest molecule reliability clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -98,8 +98,13 @@ lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argumen
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-pytest: setup tools-venv gateway-venv model ## unit and integration tests (tests/)
-	$(VENV)/bin/pytest -q --durations=10 tests
+# Two workers (the CI machine's two cores); a file's tests stay on one worker and in order.
+PYTEST_WORKERS ?= 2
+pytest: setup tools-venv gateway-venv sglang-check-venv model ## unit and integration tests (tests/)
+	$(VENV)/bin/pytest -q --durations=10 -n $(PYTEST_WORKERS) --dist loadfile tests
+
+sglang-check-venv: $(VENV)/.installed ## controller-side venv with real SGLang for its own parser (tests/launch_plan)
+	DEPLOY_CACHE_DIR=$(CACHE) tools/build-sglang-check-venv
 
 molecule: setup model image-mlenv ## all molecule scenarios
 	molecule test --all

@@ -3,8 +3,8 @@
 The tests sit in one folder per component (launch_plan/, health_gate/, model_sync/, nightly/,
 gateway/, bakeoff/, roles/, tools/), each with its own conftest.py for that component's
 fixtures. What several folders use is here or in shared/ (put on ``sys.path`` below):
-``tool_loader.load_tool``, the gate's fakes (``gate_fakes``) and the rehearsal engine
-(``rehearsal_engine``).
+the gate's fakes (``gate_fakes``) and the rehearsal engine (``rehearsal_engine``). The tools'
+code is imported from ``deploytools`` (tools/lib).
 """
 
 from __future__ import annotations

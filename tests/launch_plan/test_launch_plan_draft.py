@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from deploytools import make_tiny_model, reliability_report
 from launch_plan_cases import REPO
-from tool_loader import load_tool
 
 DRAFTER_CONFIG = REPO / "files" / "models" / "dflash-drafter-27b.config.json"
 DRAFT_DIR = "/root/models/Qwen3.6-27B-DFlash/revisions/r1"
@@ -231,11 +231,11 @@ def test_the_draft_module_is_a_filter_plugin_without_filters(launch_plan):
 
 def test_the_reliability_page_quotes_the_plans_own_sentences(launch_plan, qwen_config, dflash_kwargs, drafter):
     """docs/reliability.md's hand-written drafter rows (tools/reliability-report) are the plan's refusals."""
-    report = load_tool("reliability-report")
     refusals = {message for _, _, message in DRAFT_REFUSALS.values()}
-    for row in report.DRAFTER_ROWS:
+    for row in reliability_report.DRAFTER_ROWS:
         assert row["message"] in refusals, row["case"]
-    assert (REPO / "docs" / "reliability.md").read_text().count("model_sync_draft_source") >= len(report.DRAFTER_ROWS)
+    page = (REPO / "docs" / "reliability.md").read_text()
+    assert page.count("model_sync_draft_source") >= len(reliability_report.DRAFTER_ROWS)
 
 
 def test_the_memory_budget_takes_dflash_verify_intermediates_per_block(launch_plan, qwen_config, drafter):
@@ -278,11 +278,10 @@ def test_the_memory_budget_takes_dflash_verify_intermediates_per_block(launch_pl
 
 def test_the_tiny_dflash_drafter_fits_the_rehearsal_model(launch_plan, tiny_config):
     """tools/make-tiny-model --dflash-drafter: a drafter the DFLASH rules accept for the tiny target."""
-    tool = load_tool("make-tiny-model")
     ids = {"<|im_end|>": 2, "<|endoftext|>": 0}
-    drafter = tool.drafter_config(ids)
+    drafter = make_tiny_model.drafter_config(ids)
     assert drafter["architectures"] == ["DFlashDraftModel"]
-    assert drafter["hidden_size"] == tool.text_config(ids)["hidden_size"] == tiny_config["hidden_size"]
+    assert drafter["hidden_size"] == make_tiny_model.text_config(ids)["hidden_size"] == tiny_config["hidden_size"]
     plan = launch_plan.build_plan(
         tiny_config,
         engine="sglang",
@@ -297,4 +296,4 @@ def test_the_tiny_dflash_drafter_fits_the_rehearsal_model(launch_plan, tiny_conf
         draft_path="/srv/models/tiny-dflash/current",
     )
     assert argv_value(plan["argv"], "--speculative-num-draft-tokens") == "16"
-    assert tool.text_config(ids, 32)["layer_types"].count("full_attention") == 8
+    assert make_tiny_model.text_config(ids, 32)["layer_types"].count("full_attention") == 8

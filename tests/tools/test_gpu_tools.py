@@ -1,6 +1,6 @@
 """Tests of the GPU acceptance tools (CPU only): tools/build-bundle, tools/lock-profile,
-tools/gpu-acceptance (deploytools.build_bundle, deploytools.gpu_acceptance) and the
-acceptance mode of tools/make-tiny-model."""
+tools/gpu-acceptance (deploytools.build_bundle, deploytools.lock_profile,
+deploytools.gpu_acceptance) and the acceptance mode of tools/make-tiny-model."""
 
 from __future__ import annotations
 
@@ -17,16 +17,15 @@ from typing import Any
 
 import deploytools.gpu_acceptance.cli  # noqa: F401  (imports every module of the package)
 import pytest
-from deploytools import build_bundle
+from deploytools import build_bundle, lock_profile
 from deploytools import gpu_acceptance as ga
-from tool_loader import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "roles" / "ml_env" / "files" / "locks" / "sglang-0.5.11.txt"
 
 
 bb = build_bundle
-lp = load_tool("lock-profile")
+lp = lock_profile
 
 SAMPLE_LOCK = """\
 # title: sample

@@ -1,0 +1,211 @@
+"""Health-and-throughput gate for an LLM server, by hand: the logic of the ``health_gate`` module.
+
+    tools/health-gate --url http://127.0.0.1:30000 --unit inference-server \\
+        --min-decode-tps 40 --max-ttft 3 --min-accept-length 1.5 [--json]
+
+Waits for readiness (connection refused = loading, 503 = warming up) while watching a
+systemd unit (``--unit``) or a process (``--pid``, with ``--log`` quoted when it dies),
+then measures streaming chat completions and compares them with the thresholds.
+
+Exit status: 0 pass, 1 fail (server down, not ready in time, too slow, ...), 2 usage error.
+With ``--json`` stdout carries exactly one JSON object (the report, or ``{"error": ...}``
+for a usage error); progress goes to stderr unless ``--quiet``.
+
+The API key is read from ``$HEALTH_GATE_API_KEY`` or ``--api-key-file`` (never from the
+command line, where ``ps`` would show it). Standard library only (Python 3.8 and later): to
+run it on any host, copy ``tools/health-gate`` with ``lib/deploytools/`` (its ``__init__.py``
+and this module) below it, and the package ``roles/health_gate/module_utils/llm_gate/`` beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+# The gate's package: the repository's (ROOT is the checkout), else one copied beside the
+# executable (TOOLS is the folder of tools/health-gate, which holds lib/deploytools/).
+TOOLS = Path(__file__).resolve().parents[2]
+ROOT = TOOLS.parent
+for candidate in (ROOT / "roles" / "health_gate" / "module_utils", TOOLS):
+    if (candidate / "llm_gate" / "__init__.py").is_file():
+        sys.path.insert(0, str(candidate))
+        break
+
+import llm_gate  # noqa: E402
+
+DEFAULT_PROMPTS = ROOT / "roles" / "health_gate" / "files" / "prompts.json"
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse that honours ``--json`` for its own usage errors (still exit 2)."""
+
+    json_mode = False
+
+    def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
+        """Print the usage error (as JSON with ``--json``) and exit 2."""
+        if self.json_mode:
+            print(json.dumps({"error": message, "usage": True}))
+            sys.exit(EXIT_USAGE)
+        super().error(message)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command line -> namespace (exit 2 on a usage error)."""
+    d = llm_gate.DEFAULTS
+    p = UsageParser(
+        prog="health-gate", description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.json_mode = "--json" in (argv if argv is not None else sys.argv[1:])
+
+    def floats(*options: tuple[str, str, str | None]) -> None:
+        """Float options (flag, destination, help) whose defaults are the gate's own."""
+        for flag, dest, text in options:
+            p.add_argument(flag, dest=dest, type=float, default=d[dest], help=text)
+
+    p.add_argument("--url", default=d["url"], help="server base URL")
+    watch = p.add_mutually_exclusive_group()
+    watch.add_argument("--unit", help="systemd unit to watch (fail at once if it fails or restarts)")
+    watch.add_argument("--pid", type=int, help="process id to watch instead of a unit")
+    p.add_argument("--log", dest="log_file", help="with --pid: log file quoted when the process dies")
+    p.add_argument(
+        "--allow-prior-restarts",
+        action="store_true",
+        help="do not fail when the unit already restarted (NRestarts > 0) before the gate",
+    )
+    p.add_argument("--model", help="model id (default: first id of /v1/models; required when it lists none)")
+    p.add_argument("--api-key-file", help="file holding the API key (else $HEALTH_GATE_API_KEY)")
+    p.add_argument("--engine", choices=llm_gate.ENGINES, default=d["engine"])
+    floats(
+        ("--ready-timeout", "ready_timeout_s", "seconds to wait for readiness"),
+        ("--poll-interval", "poll_interval_s", None),
+        ("--health-timeout", "health_timeout_s", None),
+        ("--request-timeout", "request_timeout_s", "limit for one request and for silence within its stream"),
+    )
+    p.add_argument("--warmup", dest="warmup_requests", type=int, default=d["warmup_requests"])
+    p.add_argument("--requests", type=int, default=d["requests"])
+    p.add_argument("--concurrency", type=int, default=d["concurrency"])
+    p.add_argument("--max-tokens", type=int, default=d["max_tokens"])
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON file of prompts")
+    floats(
+        ("--min-decode-tps", "min_decode_tps", "minimum mean decode tok/s per request (0: no check)"),
+        ("--max-ttft", "max_ttft_s", "maximum TTFT p95 in seconds (0: no check)"),
+        (
+            "--min-accept-length",
+            "min_accept_length",
+            "minimum MTP accept length, when the engine reports one (0: no check)",
+        ),
+    )
+    p.add_argument(
+        "--baseline",
+        metavar="FILE",
+        help="compare with this earlier gate report (or its baseline mapping): the relative gate",
+    )
+    p.add_argument(
+        "--max-regression-pct",
+        type=float,
+        default=10.0,
+        help="with --baseline: fail when a figure is worse than the baseline's by more than this %% (default 10)",
+    )
+    p.add_argument("--journal-max-lines", type=int, default=d["journal_max_lines"])
+    p.add_argument("--report-dir", help="store the report there (<UTC timestamp>.json + latest.json)")
+    p.add_argument("--keep-reports", type=int, default=d["keep_reports"])
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="KEY=VALUE", help="metadata copied into the report (repeatable)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    return p.parse_args(argv)
+
+
+def options_from(args: argparse.Namespace) -> dict[str, Any]:
+    """Namespace -> llm_gate options; raises GateUsageError for bad --meta or key file."""
+    meta: dict[str, str] = {}
+    for item in args.meta:
+        if "=" not in item:
+            raise llm_gate.GateUsageError(f"--meta wants KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        meta[key] = value
+    api_key = os.environ.get("HEALTH_GATE_API_KEY") or None
+    if args.api_key_file:
+        try:
+            api_key = Path(args.api_key_file).read_text(encoding="utf-8").strip() or None
+        except OSError as exc:
+            raise llm_gate.GateUsageError(f"cannot read --api-key-file: {exc}") from exc
+    if args.log_file and not args.pid:
+        raise llm_gate.GateUsageError("--log goes with --pid")
+    baseline = None
+    if args.baseline:
+        try:
+            loaded = json.loads(Path(args.baseline).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise llm_gate.GateUsageError(f"cannot read --baseline: {exc}") from exc
+        # A whole report (it has an aggregate) or the baseline mapping last-known-good records.
+        baseline = llm_gate.baseline_of(loaded) if isinstance(loaded, dict) and "aggregate" in loaded else loaded
+    return {
+        "url": args.url,
+        "unit": args.unit,
+        "pid": args.pid,
+        "log_file": args.log_file,
+        "allow_prior_restarts": args.allow_prior_restarts,
+        "model": args.model,
+        "api_key": api_key,
+        "engine": args.engine,
+        "ready_timeout_s": args.ready_timeout_s,
+        "poll_interval_s": args.poll_interval_s,
+        "health_timeout_s": args.health_timeout_s,
+        "request_timeout_s": args.request_timeout_s,
+        "warmup_requests": args.warmup_requests,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "prompts": args.prompts,
+        "min_decode_tps": args.min_decode_tps,
+        "max_ttft_s": args.max_ttft_s,
+        "min_accept_length": args.min_accept_length,
+        "baseline": baseline,
+        "max_regression_pct": args.max_regression_pct if baseline else 0.0,
+        "journal_max_lines": args.journal_max_lines,
+        "report_dir": args.report_dir,
+        "keep_reports": args.keep_reports,
+        "metadata": meta,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the gate; return the exit status."""
+    args = parse_args(argv)
+
+    def progress(line: str) -> None:
+        """One progress line on stderr, unless ``--quiet``."""
+        if not args.quiet:
+            print(line, file=sys.stderr, flush=True)
+
+    try:
+        report = llm_gate.run_gate(options_from(args), progress=None if args.quiet else progress)
+    except llm_gate.GateUsageError as exc:
+        if args.json:
+            print(json.dumps({"error": str(exc), "usage": True}))
+        else:
+            print(f"health-gate: usage error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.report_dir:
+        try:
+            report["report_path"] = llm_gate.store_report(report, args.report_dir, int(args.keep_reports))
+        except OSError as exc:
+            print(f"health-gate: could not store the report in {args.report_dir}: {exc}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+    elif report["passed"]:
+        print(report["summary"])
+    else:
+        print(llm_gate.failure_message(report))
+    return EXIT_PASS if report["passed"] else EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,501 @@
+"""Generate a tiny random-weight model of Qwen3.6-27B's architecture family, offline.
+
+The rehearsal model mirrors Qwen3.6-27B's shape in miniature: ``qwen3_5`` with
+Gated-DeltaNet (linear-attention) and full-attention layers in the same 3:1 pattern,
+``mtp_num_hidden_layers: 1``, and a small byte-level BPE tokenizer with Qwen's special
+tokens and a ChatML chat template. Everything is seeded, so two runs give the same files.
+
+    tools/make-tiny-model --out DIR [--shards N]
+
+``--vision --with-mtp`` builds the GPU acceptance model instead: Qwen3.6-27B's own nested
+config (``files/models/qwen3.6-27b.config.json``, architecture
+``Qwen3_5ForConditionalGeneration``) shrunk so that SGLang serves it with tensor
+parallelism 2 (4 query / 2 KV heads of head_dim 256, 4 key / 8 value linear heads,
+mamba_ssm_dtype float32, mrope, a 1-layer vision tower with no deepstack layers), the
+processor configs, and with ``--with-mtp`` hand-made ``mtp.*`` tensors named as in the real
+checkpoint (``mtp.fc.weight``, ``mtp.pre_fc_norm_*``, ``mtp.norm``, ``mtp.layers.0.*``), so
+SGLang's NEXTN draft worker loads a real MTP layer. Shards get a
+``model.safetensors.index.json`` like the real checkpoint.
+
+    tools/make-tiny-model --out DIR --vision --with-mtp [--shards N]
+
+``--layers N`` (a multiple of 4, default 4) deepens the rehearsal model in the same 3:1
+pattern: the same tokenizer and shapes, N/4 times the decode work per token (the "slower
+model" of the relative gate's molecule case). ``--dflash-drafter`` writes a tiny random
+DFlash drafter for the rehearsal model instead: ``DFlashDraftModel`` with the fields of a
+real one (``dflash_config``: block size, target layer ids, mask token id; the config of
+``files/models/dflash-drafter-27b.config.json`` shrunk to the tiny model's hidden size 128)
+and the tensor names SGLang's ``sglang/srt/models/dflash.py`` loads; the CPU engine does
+not draft, so it is a second synced artifact to rehearse with.
+
+    tools/make-tiny-model --out DIR --layers 16
+    tools/make-tiny-model --out DIR --dflash-drafter
+
+Needs torch, transformers and tokenizers (the CPU profile's lock; ``make tools-venv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+]
+VOCAB_SIZE = 1024
+SEED = 20261129
+REAL_CONFIG = Path(__file__).resolve().parents[3] / "files" / "models" / "qwen3.6-27b.config.json"
+# transformers version recorded in the acceptance config (the SGLang lock's pin), fixed so
+# the output does not depend on the generating venv.
+CONFIG_TRANSFORMERS_VERSION = "5.6.0"
+
+# The acceptance model: Qwen3.6-27B's config with these sizes (see recipe in docs/gpu.md).
+# Heads divide by tensor parallelism 2; head dims stay the real ones (256 / 128).
+ACCEPTANCE_TEXT = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "vocab_size": VOCAB_SIZE,
+    "max_position_embeddings": 4096,
+}
+ACCEPTANCE_VISION = {
+    "depth": 1,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_heads": 2,
+    "deepstack_visual_indexes": [],
+}
+IMAGE_PROCESSOR = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    "merge_size": 2,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "processor_class": "Qwen3VLProcessor",
+}
+VIDEO_PROCESSOR = {
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "do_resize": True,
+    "do_sample_frames": True,
+    "fps": 2,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "max_frames": 768,
+    "min_frames": 4,
+    "merge_size": 2,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "resample": 3,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+    "video_processor_type": "Qwen3VLVideoProcessor",
+    "processor_class": "Qwen3VLProcessor",
+}
+# MTP norms that the real checkpoint has besides mtp.fc and a copy of one decoder layer.
+MTP_NORMS = ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"]
+
+# A ChatML template like Qwen's, text parts only (images become a vision placeholder).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- else %}"
+    "{%- for c in message['content'] %}{%- if c['type'] == 'text' %}{{- c['text'] }}"
+    "{%- elif c['type'] in ['image', 'image_url'] %}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Training text for the tokenizer: code and prose like the gate's prompts.
+CORPUS = [
+    "def fibonacci(n: int) -> int:\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "import json\nfrom pathlib import Path\n\nclass Config:\n"
+    "    def __init__(self, path):\n        self.data = json.loads(Path(path).read_text())\n",
+    "Write a Python function that parses a log file and returns the ten most frequent errors.",
+    "Explain the difference between a process and a thread, with an example in Go.",
+    "SELECT name, count(*) FROM requests GROUP BY name ORDER BY 2 DESC LIMIT 10;",
+    "The quick brown fox jumps over the lazy dog. Hello, world! 0 1 2 3 4 5 6 7 8 9 10 100 1000",
+    'fn main() { let v: Vec<u32> = (0..10).collect(); println!("{:?}", v); }',
+]
+
+
+def train_tokenizer(out: Path) -> dict[str, int]:
+    """Train a byte-level BPE tokenizer, write tokenizer files, return special token ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - 8,
+        special_tokens=[],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    ids = {s: tok.token_to_id(s) for s in SPECIAL_TOKENS}
+    if max(ids.values()) >= VOCAB_SIZE:
+        raise SystemExit(f"tokenizer grew past the vocabulary: {ids}")
+    tok.save(str(out / "tokenizer.json"))
+    added = {
+        str(ids[s]): {
+            "content": s,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for s in SPECIAL_TOKENS
+    }
+    write_json(
+        out / "tokenizer_config.json",
+        {
+            "add_bos_token": False,
+            "add_prefix_space": False,
+            "added_tokens_decoder": added,
+            "bos_token": None,
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "errors": "replace",
+            "model_max_length": 4096,
+            "split_special_tokens": False,
+            "tokenizer_class": "Qwen2Tokenizer",
+            "unk_token": None,
+            "clean_up_tokenization_spaces": False,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    return ids
+
+
+def text_config(ids: dict[str, int], layers: int = 4) -> dict[str, Any]:
+    """The text model's config: Qwen3.6-27B's layout (3 linear : 1 full), shrunk."""
+    return {
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": layers,
+        "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        "full_attention_interval": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "attn_output_gate": True,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_conv_kernel_dim": 4,
+        "mamba_ssm_dtype": "float32",
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": 4096,
+        "mtp_num_hidden_layers": 1,
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-6,
+    }
+
+
+def build_text_model(out: Path, ids: dict[str, int], shards: int, layers: int = 4) -> None:
+    """Initialise ``Qwen3_5ForCausalLM`` with a fixed seed and save it in ``shards`` files."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    cfg = Qwen3_5TextConfig(**text_config(ids, layers))
+    cfg.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(SEED)
+    model = Qwen3_5ForCausalLM(cfg).to(torch.bfloat16)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    shard_bytes = max(1, total // shards + 1)
+    model.save_pretrained(out, max_shard_size=shard_bytes)
+    write_generation_config(out, ids)
+
+
+def drafter_config(ids: dict[str, int]) -> dict[str, Any]:
+    """A DFlash drafter's config.json for the rehearsal model (the real one's fields, shrunk)."""
+    target = text_config(ids)
+    layer_ids = [0, 1, target["num_hidden_layers"] - 2]  # SGLang captures id + 1: at most L - 2
+    block = 16
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": target["hidden_size"],
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000000,
+        "max_position_embeddings": target["max_position_embeddings"],
+        "attention_bias": False,
+        "vocab_size": VOCAB_SIZE,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "block_size": block,
+        "num_target_layers": target["num_hidden_layers"],
+        "dflash_config": {
+            "block_size": block,
+            "target_layer_ids": layer_ids,
+            "mask_token_id": ids["<|endoftext|>"],
+            "num_target_layers": target["num_hidden_layers"],
+        },
+    }
+
+
+def build_dflash_drafter(out: Path, ids: dict[str, int]) -> None:
+    """Seeded random weights under the names sglang/srt/models/dflash.py loads, and the config."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = drafter_config(ids)
+    hidden, heads, kv, dim, inter = (
+        cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size")
+    )
+    torch.manual_seed(SEED)
+
+    def rand(*shape: int) -> Any:
+        return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
+
+    tensors: dict[str, Any] = {
+        "fc.weight": rand(hidden, hidden * len(cfg["dflash_config"]["target_layer_ids"])),
+        "hidden_norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+        "norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+    }
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        tensors.update(
+            {
+                p + "input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+                p + "post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+                p + "self_attn.q_proj.weight": rand(heads * dim, hidden),
+                p + "self_attn.k_proj.weight": rand(kv * dim, hidden),
+                p + "self_attn.v_proj.weight": rand(kv * dim, hidden),
+                p + "self_attn.o_proj.weight": rand(hidden, heads * dim),
+                p + "self_attn.q_norm.weight": torch.ones(dim, dtype=torch.bfloat16),
+                p + "self_attn.k_norm.weight": torch.ones(dim, dtype=torch.bfloat16),
+                p + "mlp.gate_proj.weight": rand(inter, hidden),
+                p + "mlp.up_proj.weight": rand(inter, hidden),
+                p + "mlp.down_proj.weight": rand(hidden, inter),
+            }
+        )
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    write_json(out / "config.json", cfg)
+
+
+def write_generation_config(out: Path, ids: dict[str, int]) -> None:
+    """generation_config.json: stop at ``<|im_end|>`` or ``<|endoftext|>``, greedy by default."""
+    write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": None,
+            "eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]],
+            "pad_token_id": ids["<|endoftext|>"],
+            "do_sample": False,
+        },
+    )
+
+
+def acceptance_config(ids: dict[str, int], real: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.6-27B's nested config with the acceptance sizes and the tiny tokenizer's ids.
+
+    Every other key (rope/mrope, attention output gate, mamba_ssm_dtype, MTP layers, ...)
+    is the real model's. The layer pattern is the first ``num_hidden_layers`` of the real one.
+    """
+    cfg = json.loads(json.dumps(real))
+    text, vision = cfg["text_config"], cfg["vision_config"]
+    text.update(ACCEPTANCE_TEXT)
+    text["layer_types"] = real["text_config"]["layer_types"][: text["num_hidden_layers"]]
+    if "full_attention" not in text["layer_types"]:
+        raise SystemExit("the shrunk layer pattern has no full-attention layer")
+    text["bos_token_id"] = text["eos_token_id"] = ids["<|endoftext|>"]
+    vision.update(ACCEPTANCE_VISION)
+    vision["out_hidden_size"] = text["hidden_size"]
+    cfg.update(
+        {
+            "image_token_id": ids["<|image_pad|>"],
+            "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"],
+            "vision_end_token_id": ids["<|vision_end|>"],
+            "transformers_version": CONFIG_TRANSFORMERS_VERSION,
+        }
+    )
+    return cfg
+
+
+def mtp_tensors(state: dict[str, Any], text: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Hand-made ``mtp.*`` tensors with the real checkpoint's names and shapes.
+
+    ``mtp.layers.0`` copies the shapes of the last full-attention decoder layer (random
+    matrices, the layer's own norm weights); ``mtp.fc`` maps [embedding; hidden] (2H) to H;
+    the MTP norms are zero (Qwen3.5's RMSNorm scales by 1 + weight).
+    """
+    import torch
+
+    full = max(i for i, t in enumerate(text["layer_types"]) if t == "full_attention")
+    prefix = f"model.language_model.layers.{full}."
+    gen = torch.Generator().manual_seed(seed)
+    hidden = text["hidden_size"]
+    mtp: dict[str, Any] = {}
+    for name in sorted(state):
+        if name.startswith(prefix):
+            value = state[name]
+            key = "mtp.layers.0." + name[len(prefix) :]
+            if value.dim() >= 2:
+                mtp[key] = (torch.randn(value.shape, generator=gen) * 0.02).to(torch.bfloat16)
+            else:
+                mtp[key] = value.clone()
+    mtp["mtp.fc.weight"] = (torch.randn(hidden, 2 * hidden, generator=gen) * 0.02).to(torch.bfloat16)
+    for norm in MTP_NORMS:
+        mtp[f"mtp.{norm}.weight"] = torch.zeros(hidden, dtype=torch.bfloat16)
+    return mtp
+
+
+def save_shards(state: dict[str, Any], out: Path, shards: int) -> list[str]:
+    """Save a state dict as ``model.safetensors`` or N shards plus the index, in name order."""
+    from safetensors.torch import save_file
+
+    names = sorted(state)
+    if shards <= 1:
+        save_file({n: state[n] for n in names}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    total = sum(state[n].numel() * state[n].element_size() for n in names)
+    budget = total / shards
+    groups: list[list[str]] = [[]]
+    size = 0
+    for n in names:
+        nbytes = state[n].numel() * state[n].element_size()
+        if groups[-1] and size + nbytes > budget and len(groups) < shards:
+            groups.append([])
+            size = 0
+        groups[-1].append(n)
+        size += nbytes
+    files = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    weight_map = {}
+    for fname, group in zip(files, groups, strict=True):
+        save_file({n: state[n] for n in group}, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in group})
+    write_json(out / "model.safetensors.index.json", {"metadata": {"total_size": total}, "weight_map": weight_map})
+    return files
+
+
+def build_acceptance_model(
+    out: Path, ids: dict[str, int], shards: int, with_mtp: bool, real_config: Path = REAL_CONFIG
+) -> None:
+    """Initialise ``Qwen3_5ForConditionalGeneration`` from the acceptance config (seeded),
+    add the MTP tensors if asked, and write weights, config and processor configs."""
+    import torch
+    from transformers import AutoConfig, Qwen3_5ForConditionalGeneration
+
+    cfg = acceptance_config(ids, json.loads(real_config.read_text()))
+    write_json(out / "config.json", cfg)
+    torch.manual_seed(SEED)
+    model = Qwen3_5ForConditionalGeneration(AutoConfig.from_pretrained(out)).to(torch.float32)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    if with_mtp:
+        state.update(mtp_tensors(state, cfg["text_config"], SEED + 1))
+    bad = [k for k, v in state.items() if not torch.isfinite(v.float()).all()]
+    if bad:
+        raise SystemExit(f"non-finite values in {', '.join(bad)}")
+    save_shards(state, out, shards)
+    write_generation_config(out, ids)
+    write_json(out / "preprocessor_config.json", IMAGE_PROCESSOR)
+    write_json(out / "video_preprocessor_config.json", VIDEO_PROCESSOR)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as stable, indented JSON."""
+    path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments and generate the model directory."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path, help="directory to create")
+    ap.add_argument("--shards", type=int, default=3, help="about how many safetensors shards to write (default 3)")
+    ap.add_argument(
+        "--vision",
+        action="store_true",
+        help="build the GPU acceptance model: Qwen3_5ForConditionalGeneration from "
+        "Qwen3.6-27B's config, shrunk, with a 1-layer vision tower and processor configs",
+    )
+    ap.add_argument(
+        "--with-mtp", action="store_true", help="add hand-made mtp.* tensors (real checkpoint names); needs --vision"
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=4,
+        help="layers of the rehearsal model, a multiple of 4 (3 linear : 1 full; default 4)",
+    )
+    ap.add_argument(
+        "--dflash-drafter",
+        action="store_true",
+        help="write a tiny random DFlash drafter for the rehearsal model instead",
+    )
+    args = ap.parse_args(argv)
+    if args.layers < 4 or args.layers % 4:
+        ap.error("--layers must be a multiple of 4 (the 3 linear : 1 full pattern)")
+    if args.dflash_drafter and (args.vision or args.layers != 4):
+        ap.error("--dflash-drafter writes a drafter for the 4-layer rehearsal model: drop --vision and --layers")
+    if args.shards < 1:
+        ap.error("--shards must be at least 1")
+    if args.with_mtp and not args.vision:
+        ap.error("--with-mtp needs --vision: the MTP tensors follow the Qwen3_5ForConditionalGeneration layout")
+    args.out.mkdir(parents=True, exist_ok=True)
+    ids = train_tokenizer(args.out)
+    if args.dflash_drafter:
+        build_dflash_drafter(args.out, ids)
+    elif args.vision:
+        build_acceptance_model(args.out, ids, args.shards, args.with_mtp)
+    else:
+        build_text_model(args.out, ids, args.shards, args.layers)
+    files = sorted(p.name for p in args.out.iterdir())
+    print(f"tiny qwen3_5 model in {args.out}: {', '.join(files)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

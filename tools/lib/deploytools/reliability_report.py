@@ -1,0 +1,576 @@
+"""Render docs/reliability.md from the figures the reliability scenario produced.
+
+    tools/reliability-report [--results artifacts/reliability/results.json] [--out docs/reliability.md]
+                             [--rolling bench/results/rolling_deploy.json]
+
+``molecule test -s reliability`` (or ``make reliability``, which also runs this) writes the
+results: one row per case, each with the exact message, whether the running server was left
+untouched, and the measured seconds. This program only formats them; the prose around the
+tables (design, limits, the GPU check) lives here too, so the page is regenerated whole.
+The section on rolling deploys through the gateway has hand-written rows whose figures come
+from ``--rolling`` (``bench/rolling_deploy report``, run by the fleet scenario); without
+that file the section says it was not measured.
+With ``--check`` it exits 1 when the page on disk differs from what the results give.
+
+Exit status: 0 written (or up to date), 1 ``--check`` found a difference, 2 usage error
+(no results file, a results file of another schema).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+SCHEMA = 1
+
+INTRO = """\
+# Reliability: bad input, faults and secrets
+
+Operators feed this repository wrong variables, half-broken hosts and interrupted runs.
+Each case below was tried against a serving host, a systemd container of the CPU rehearsal
+profile (`molecule/reliability`), with the real `deploy.yml`; the tables are what the tests
+measured and asserted (exact message, `changed=0`, the server's MainPID and start time, unit
+file, secrets and links unchanged, the deploy lock given back). Regenerate this page:
+
+```
+make reliability        # molecule test -s reliability, then tools/reliability-report
+```
+
+(or `molecule test -s reliability && tools/reliability-report`). The cases took {minutes} min
+on the 2-core CI machine, plus about 1.5 min to create, converge and destroy the container;
+`molecule test --all` (`make test`) runs the scenario too.
+
+Run of {generated}, commit `{commit}`, {cpus} CPUs (load average {load} when it ended),
+image `{image}`: {rows} rows, {failed} of them not as expected.
+"""
+
+BAD_INPUT = """\
+## Bad input
+
+Every refusal is one sentence naming the variable (or the fact) and what to do, and happens
+before anything on the host changes. `deploy.yml` takes the host's deploy lock, then runs
+every role's input check before any role changes anything: preflight (profile, systemd,
+glibc, GPUs, the port's owner), ml_env's (lock file, the engine version the lock pins,
+glibc against the lock's manylinux tag, venv path), model_sync's (source variables, the
+source's `config.json` and shards when they can be read without a transfer), the launch
+plan itself (`inference_server/tasks/precheck.yml`: the lock's engine version, the source's
+config.json, the GPUs found) and the gate's thresholds. What only the sync or the engine can
+tell (disk space for the bytes to fetch, a Hub answer, the GPU memory rule that needs the
+weights' size, the engine's own parser in the venv) is checked after ml_env and model_sync,
+still before the unit changes; the last row shows that path: the new model revision was
+staged, the engine's check refused, and the rescue put `current` back, so the running
+server and its links are as they were.
+
+GPU rows use `rel-gpu`, the same container in the `sglang_servers` group: SGLang 0.5.11's
+lock, Qwen3.6-27B's real `config.json` (no weights) and a stand-in `nvidia-smi` printing N RTX
+A6000 (the test machines have no GPU; on ct129 preflight reads the real one). The plan
+refuses each before ml_env would build the SGLang venv.
+
+| case | how it was tried | the exact message | refused by | changed | host untouched | s |
+| --- | --- | --- | --- | --- | --- | --- |
+"""
+
+# Bad DFlash drafters: refused by the launch plan offline (precheck, before anything changes
+# on the host), one sentence each. Hand-written, not scenario results: ct129's plan with
+# speculative_algorithm DFLASH and files/models/dflash-drafter-27b.config.json changed as the
+# "how" says; tests/launch_plan/test_launch_plan_draft.py checks every message against the plan.
+DRAFTER_ROWS: list[dict[str, str]] = [
+    {
+        "case": "no drafter synced",
+        "how": "`speculative_algorithm: DFLASH`, no `model_sync_draft_source`",
+        "message": "inference_server_settings.speculative_algorithm is DFLASH, which drafts with a separate model, but "
+        "no drafter is synced: set model_sync_draft_source and model_sync_draft_name to the drafter, or "
+        "choose NEXTN (the model's own MTP head) or null.",
+    },
+    {
+        "case": "not a DFlash drafter",
+        "how": "drafter `architectures: [Qwen3ForCausalLM]`",
+        "message": "inference_server_settings.speculative_algorithm is DFLASH, but the drafter of "
+        "model_sync_draft_source has the architecture Qwen3ForCausalLM, not DFlashDraftModel: point "
+        "model_sync_draft_source at a DFlash drafter, or choose the algorithm the drafter was trained for "
+        "(EAGLE, EAGLE3).",
+    },
+    {
+        "case": "hidden size differs",
+        "how": "drafter `hidden_size: 4096` (target 5120)",
+        "message": "the DFlash drafter of model_sync_draft_source has hidden_size 4096, but the target's is 5120: a "
+        "DFlash drafter reads the target's hidden states, so point model_sync_draft_source at the drafter "
+        "trained for this target.",
+    },
+    {
+        "case": "draft tokens differ from the block size",
+        "how": "`speculative_num_draft_tokens: 8` (block 16)",
+        "message": "inference_server_settings.speculative_num_draft_tokens sets --speculative-num-draft-tokens to 8, "
+        "but the DFlash drafter verifies blocks of 16 tokens (block_size in its config.json): remove it or "
+        "set it to 16.",
+    },
+    {
+        "case": "target layer beyond the target",
+        "how": "`target_layer_ids: [1, 16, 31, 46, 63]` (64 layers)",
+        "message": "the DFlash drafter of model_sync_draft_source reads target_layer_ids [1, 16, 31, 46, 63], but the "
+        "target has 64 layers and SGLang captures the output of layer id + 1, so every id must lie between "
+        "0 and 62: point model_sync_draft_source at the drafter trained for this target.",
+    },
+    {
+        "case": "mask token outside the vocabulary",
+        "how": "`mask_token_id: 248320` (vocabulary 248320)",
+        "message": "the DFlash drafter of model_sync_draft_source has mask_token_id 248320, but it must be a token of "
+        "the target's vocabulary (0 to 248319), or SGLang 0.5.11 stops when the drafter loads: point "
+        "model_sync_draft_source at the drafter trained for this target.",
+    },
+    {
+        "case": "drafter heads and TP",
+        "how": "drafter `num_attention_heads: 15`, TP 2",
+        "message": "inference_server_settings.tensor_parallel_size is 2, which does not divide the DFlash drafter's "
+        "15 attention heads (num_attention_heads): set the tensor-parallel size to one that divides both "
+        "the target's and the drafter's heads.",
+    },
+    {
+        "case": "DP attention",
+        "how": "`inference_server_overrides: {--enable-dp-attention: true}`",
+        "message": "inference_server_overrides['--enable-dp-attention'] enables DP attention, which SGLang 0.5.11 "
+        "refuses with DFLASH speculative decoding: remove it, or choose another speculative_algorithm.",
+    },
+    {
+        "case": "pipeline parallel",
+        "how": "`inference_server_overrides: {--pp-size: 2}`",
+        "message": "inference_server_overrides['--pp-size'] is 2, but SGLang 0.5.11 runs DFLASH speculative decoding "
+        "only with pipeline size 1: remove it or set it to 1.",
+    },
+]
+
+DRAFTERS = """\
+### Bad drafters (DFLASH), refused offline
+
+Hand-written rows, not scenario results: ct129's plan with `speculative_algorithm: DFLASH`
+and the drafter config `files/models/dflash-drafter-27b.config.json` (one SGLang 0.5.11 served
+beside Qwen3.6-27B's real config) changed as *how* says. The launch plan refuses each in
+`inference_server/tasks/precheck.yml`, before anything changes on the host (a drafter whose
+config.json needs a sync, a mirror host or the Hub, is checked in `plan.yml` after the sync,
+still before the unit changes); `tests/launch_plan/test_launch_plan_draft.py` checks every message
+against the plan word for word. The rules: docs/launch-plan.md, "DFLASH".
+
+"""
+
+# Written by hand, not measured by the scenario: refusals of the memory budget, which needs the
+# weights' size (known after the sync) and a GPU size; the same sentences are asserted word for
+# word by tests/launch_plan/test_launch_plan_budget.py, offline.
+PLAN_ONLY = """\
+### Checked by the launch plan offline: the memory budget
+
+These refusals come from the memory budget (filter_plugins/launch_plan_budget.py, docs/launch-plan.md
+"Memory budget"), which needs the weights' size, so a deploy meets them in `plan.yml` after the
+sync, still before the unit changes. They are not rows of the scenario (its container has no
+weights): `tests/launch_plan/test_launch_plan_budget.py` asserts each sentence word for word with ct129's
+offline facts (2x RTX A6000 48 GB, 51.75 GiB of weights), and `tools/launch-plan` prints them.
+
+| case | how it was tried | the exact message | refused by |
+| --- | --- | --- | --- |
+| SGLang's unset `--max-running-requests` (48 with speculative decoding) on ct129 | `tools/launch-plan ct129 -e '{"inference_server_overrides": {"--max-running-requests": 48}}'` | `the memory budget per GPU cannot start SGLang: with --mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), the weights (25.5 GiB) leave 7.9 GiB of the 33.5 GiB static pools, and the speculative verify buffers for 48 requests (13.8 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): lower inference_server_overrides['--max-running-requests'] to 7 or raise mem_fraction_static to at least 0.907.` | inference_server : Refuse the launch plan with its own sentence |
+| the same on one H200, as SGLang refused it there (tests/launch_plan/fixtures/sglang_realsize_h200_logged.json) | `tools/launch-plan h200-realsize -i inventory/gpu-realsize.yml -e '{"h200_realsize_overrides": {"--mem-fraction-static": 0.45, "--max-running-requests": 48}}'` | `the memory budget per GPU cannot start SGLang: with --mem-fraction-static 0.45 (inference_server_overrides['--mem-fraction-static']) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), the weights (51.0 GiB) leave 11.6 GiB of the 62.6 GiB static pools, and the speculative verify buffers for 48 requests (27.5 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): lower inference_server_overrides['--max-running-requests'] to 5 or raise mem_fraction_static to at least 0.609.` | inference_server : Refuse the launch plan with its own sentence |
+| more running requests wanted than the budget holds | ct129 with `target_concurrency: 8` | `inference_server_settings.target_concurrency is 8, but the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 8 (the plan: inference_server_settings.target_concurrency)) holds only 7 running requests (37 mamba slots at 5 per request): lower target_concurrency to 7 or raise mem_fraction_static to at least 0.726.` | inference_server : Refuse the launch plan with its own sentence |
+| a fraction that leaves the MTP draft no room | ct129 with `mem_fraction_static: 0.95` | `--mem-fraction-static 0.95 (inference_server_settings.mem_fraction_static) leaves 2.0 GiB per GPU beside SGLang's pools, but the MTP draft (2.8 GiB while it loads), its KV cache (0.6 GiB) and SGLang's activation and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower mem_fraction_static to at most 0.78.` | inference_server : Refuse the launch plan with its own sentence |
+| a context longer than the KV cache | ct129 with `inference_server_overrides: {--context-length: 200000}` | `inference_server_overrides['--context-length'] is 200000, but the memory budget's KV cache holds 119495 tokens per GPU, so SGLang would cut every request at 119494: lower it to at most 118784 or leave it unset so the plan sets it.` | inference_server : Refuse the launch plan with its own sentence |
+| a KV cache shorter than the least context | ct129 with `min_context_length: 131072` | `the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 4 (the plan: inference_server_settings.target_concurrency)) leaves a KV cache of 119495 tokens, less than inference_server_settings.min_context_length 131072: lower target_concurrency to 1 or raise mem_fraction_static to at least 0.733 or lower min_context_length.` | inference_server : Refuse the launch plan with its own sentence |
+
+"""
+
+FAULTS = """\
+## Faults
+
+Times are measured on the CI machine: from the fault to the end of the run that proved the
+host serves again (its gate passed), unless the row says otherwise.
+
+| fault | how | what happened | what the host did | time to recover (s) |
+| --- | --- | --- | --- | --- |
+"""
+
+SECRETS = """\
+## Secrets and access
+
+Known fake values of the HF token (`model_sync_hf_token`, `inference_server_secrets.HF_TOKEN`)
+and the API key (`inference_server_api_key`), vaulted in the inventory's host_vars as an
+operator keeps them, went through every deploy of the scenario: first rendered by the run
+that was killed (at `-vvvv --diff`), rotated to a second set by the deploy whose engine
+crashed and rolled back with it, carried by the `tools/nightly-deploy` run that found the
+hung engine. Both sets were then searched for:
+
+| where searched | searched | found |
+| --- | --- | --- |
+"""
+
+ON_PURPOSE = """\
+Where they are on purpose (the positive control: the test first checks that the current
+values are there, or finding nothing elsewhere would prove nothing):
+
+| file | mode owner:group | holds |
+| --- | --- | --- |
+"""
+
+FILES = """\
+The service runs as a dedicated system user (`inference_server_user`, default `inference`;
+ct129 keeps `root` in `group_vars/sglang_servers.yml`). testinfra checks, after all the
+cases:
+
+| path | expected | found |
+| --- | --- | --- |
+"""
+
+DESIGN = r"""
+### How the pieces work
+
+* **Deploy lock** (`roles/deploy_lock`): `/run/lock/llm-deploy.lock` on the host, written
+  under an `flock` of `<lock>.guard`, names the holder (controller host and boot id, the
+  ansible-playbook pid and its start time, user, when). Taken first in `deploy.yml`, given
+  back in an `always:`; never counted as a change (a no-op deploy stays `changed=0`). A lock
+  whose run is gone from the same controller (pid gone, pid reused, or the controller
+  rebooted) is taken over at once with a warning; any lock older than
+  `deploy_lock_stale_after_s` (6 h) too. A run killed on another controller blocks deploys
+  from elsewhere until then, or until someone removes the file (the refusal says so).
+  `/run` is cleared at boot. Check mode reads the lock and refuses when it is held, but
+  never writes it.
+* **Interrupted restarts**: a run killed after writing the unit or one of its inputs (secrets,
+  API key file, SGLang's logging configuration: `_inference_server_unit_inputs`) but
+  before it restarted the server would leave the old process running the old
+  configuration, and the next run, seeing no change, would gate and record it as
+  last-known-good. `inference_server` now compares those files' mtimes with the running
+  process's start (`files/started-before.py`, systemd's monotonic start time) and restarts
+  when they are newer.
+* **Port guard**: `ExecStartPre=+/usr/local/lib/<unit>/port-guard <port> <unit>` (as root,
+  outside the sandbox). A process in the unit's own control group that still holds the
+  port (systemd: "Found left-over process ... in control group while starting unit") is
+  ours: SIGTERM (+SIGCONT), SIGKILL after 10 s. Anything else is named and left alone, and
+  the unit fails at once. preflight refuses a foreign holder before the deploy changes
+  anything. A crash loop that hit `StartLimitBurst` is cleared (`systemctl reset-failed`)
+  before a deploy's deliberate start or a rollback's restart.
+* **Rollback**: restores the last-known-good unit, secrets, API key file and the venv and
+  model links; when the unit already is the last-known-good one, it still puts the links
+  back (a refusal after a new model revision was staged) and, if the gate found the server
+  not serving (crashed, hung, never ready), restarts it and gates it again.
+
+### Restarts that drain
+
+A stop or restart of the unit (a deploy, a rollback, `systemctl restart`) lets the
+requests in flight finish. `KillMode=mixed` sends SIGTERM to the engine's main process only;
+systemd SIGKILLs what is left of the control group once that process has exited, or after
+`TimeoutStopSec` = `inference_server_drain_timeout_s` (120 s) + 30 s for the engine to exit
+(systemd.kill(5)); a stream still running then is cut. Neither engine bounds the drain
+itself (SGLang's SIGTERM watchdog waits for its last request; transformers serve leaves
+uvicorn's `timeout_graceful_shutdown` unset), so the unit's timeout is the bound. The
+restarts are `no_block`, and the unit is `deactivating` while the old server drains, so the
+play waits for the new start (`tasks/wait_drained.yml`, at most `TimeoutStopSec`) before the
+gate looks at it. `inference_server_stop_timeout_s` is gone; a deploy that still sets it is
+refused with the value of `inference_server_drain_timeout_s` that keeps its timeout.
+
+| engine | what stopped it | streams in flight | the process | measured by |
+| --- | --- | --- | --- | --- |
+| SGLang 0.5.11 | SIGTERM to the main process (`KillMode=mixed`) | 1 of 1 (1024 tokens) completed; "Gracefully exiting... Remaining number of requests 1" every 5 s | exited 24 s after the signal, once the request was done | the GPU run (2x H200, same flags) |
+| SGLang 0.5.11 | SIGTERM to every process (`KillMode=control-group`, the unit before) | cut 1.4 s after the signal (RemoteDisconnected) | the detokenizer died of SIGTERM, SIGQUIT took the rest | the GPU run |
+| transformers serve 5.6.0 (uvicorn 0.54) | SIGTERM to the main process | 3 of 3 (128 tokens each) completed; the port refused new connections at once ("Waiting for connections to close") | exited 0.4 s after the last stream, by the SIGTERM uvicorn re-raises (a clean stop for systemd) | `tests/roles/test_drain.py` |
+| transformers serve | SIGTERM to the process group | 3 of 3 completed: it is one process, so control-group and mixed do the same | exited after the last stream | by hand, as the test |
+| transformers serve | SIGKILL (what `TimeoutStopSec` ends with) | 3 of 3 cut | at once | `tests/roles/test_drain.py` |
+| transformers serve, the deployed unit | `systemctl restart` with 3 streams in flight (128 tokens each), 5 runs | 15 of 15 completed; the port refused new connections 0.1 s after the restart was asked | the new server's first token came 5.4 s after the old one's last token on an idle machine (7.4, 10.9, 11.8 and 25.0 s while other scenarios loaded the 2 cores): the downtime is the new server's start, since the stop drains first | `molecule/default/tests/test_drain.py` (prints the figures) |
+
+transformers serve (without `--continuous-batching`) generates one request at a time: the
+streams behind the first get all their tokens during the drain. The rehearsal engine drains
+under either kill mode, so only the GPU run shows what `mixed` changes for SGLang.
+systemd's start limit (`inference_server_start_limit_burst`, 3 starts an hour) counts
+restarts by hand too: the probe's second restart after a converge was refused
+(`start-limit-hit`) until `systemctl reset-failed`, which the probe now runs first, as the
+rollback does. A deploy's own restart clears the count only when the unit is `failed`.
+
+### API key
+
+`inference_server_api_key` (vault it) is written to `/etc/<unit>/api-key.yaml`
+(`root:<service group>`, 0640; `/etc/<unit>` is 0750 `root:<group>`, `secrets.env` stays
+0600 root) as `api-key: "<key>"`, and the plan appends `--config /etc/<unit>/api-key.yaml`
+to SGLang's argv: SGLang 0.5.11 reads no environment variable for its key (`api_key` is only
+a server argument, `sglang/srt/server_args.py`), but `sglang serve` merges a YAML `--config`
+file into its arguments (`sglang/srt/server_args_config_parser.py`), so the key is in
+neither the unit file (0644) nor `/proc/<pid>/cmdline` (readable by every user). Overrides
+`--api-key`, `--admin-api-key` and `--config` are refused. The key is kept and restored
+with last-known-good. The gate sends it as a Bearer token (`health_gate_api_key` defaults
+to `inference_server_api_key`; a 401/403 on `/v1/models` fails the gate with a sentence
+naming that variable) and redacts it from its reports and quoted journals.
+
+SGLang 0.5.11 logs its whole `ServerArgs`, `api_key` included, at INFO level when it starts
+(`logger.info(f"{server_args=}")` in `srt/entrypoints/engine.py`); the GPU run found the key
+in the server's log that way (`bench/results/gpu_api_key.md`). With a key set the plan
+therefore points `SGLANG_LOGGING_CONFIG_PATH` at `/etc/<unit>/sglang-logging.json`, written
+by the role: SGLang's format and level, with the logger `sglang.srt.entrypoints.engine` at
+WARNING. The second GPU run had 0 log lines holding the key (129 lines logged). The price is
+the ` TPn` prefix SGLang adds only when it configures logging itself. `/server_info` still
+returns the key, but only to a caller that already has it. The gate redacts the key from
+the journal it quotes.
+
+`transformers serve` (the CPU rehearsal) has no API key support: a key is refused for that
+engine unless `inference_server_allow_unenforced_api_key: true`, which this scenario sets to
+rehearse the key's path (file, modes, rollback, gate, redaction) knowing `/v1/*` stays
+open. Enforcement is proved twice: `tests/launch_plan/test_api_key.py` runs the gate and
+`tools/api-key-check` against a local server that enforces a Bearer token exactly as SGLang's
+`sglang/srt/utils/auth.py` does (every path but `/health*` and `/metrics`), and
+`bench/results/gpu_api_key.md` is real SGLang 0.5.11 on 2x H200 started from the role's keyed
+plan (`--config /etc/inference-server/api-key.yaml`): `/v1/models` 401 without or with a wrong
+key, 200 with it, `/health` 200; the gate fails naming the 401 without the key and passes
+with it. To repeat it: `tools/gpu-acceptance prepare --plan` with a plan rendered by
+`tools/launch-plan` with `inference_server_api_key` set, write the key file and the plan's
+`logging_config` (as `/etc/inference-server/sglang-logging.json`) on the device, `launch`,
+`wait`, then:
+
+```
+python3 tools/api-key-check --url http://127.0.0.1:30000 --api-key-file /etc/inference-server/api-key.yaml --json
+HEALTH_GATE_API_KEY="$(sed -n 's/^api-key: "\(.*\)"$/\1/p' /etc/inference-server/api-key.yaml)" \
+  python3 tools/gpu-acceptance gate <name>                                        # exit 0: the gate authenticates
+python3 tools/health-gate --url http://127.0.0.1:30000 --json                     # exit 1: "refused /v1/models with HTTP 401 ..."
+grep -c "$(sed -n 's/^api-key: "\(.*\)"$/\1/p' /etc/inference-server/api-key.yaml)" <the server's log>   # 0
+```
+"""
+
+ROLLING = """\
+## Rolling deploys through the gateway
+
+A fleet of three rehearsal hosts behind SGLang's gateway `smg` 1.13.0 (`molecule/fleet`, role
+`gateway`), 4 streaming clients sending requests through the gateway the whole time
+(`bench/rolling_deploy load`, inside the gateway's container). For each serving host whose
+roles run, `deploy.yml` takes it out of the gateway (`DELETE /workers/{{id}}`: no new request
+goes to it), waits until its in-flight requests are done (`inflight_wait`: SGLang's
+`sglang:num_running_reqs` + `sglang:num_queue_reqs` from `/metrics`, or, for `transformers
+serve`, which has no metrics, the established connections to its port), deploys and gates it
+directly, and puts it back (`POST /workers`, waiting until the gateway lists it ready and
+healthy). A host that fails stays out and the roll stops (`max_fail_percentage: 0`).
+Figures: `bench/results/rolling_deploy.json`, measured {measured_at} on {cpus} CPUs.
+
+| case | how it was tried | what happened | requests | failed | cut |
+| --- | --- | --- | --- | --- | --- |
+"""
+
+ADOPTION = """\
+## Adopting a host that runs by hand
+
+Hand-written, not generated from the reliability scenario's results: these rows were tried by
+`molecule test -s adopt` (`molecule/adopt`, a container of ct129 as the origin story left it:
+venv by hand at `/root/ml-env`, model in `/root/models/tiny-qwen3.5`, `transformers serve`
+started with nohup as root on port 30000) and are asserted by its `tests/test_adopt.py`;
+README "Adopting a host that runs by hand" describes the design.
+
+| case | how it was tried | what happened | what the host did |
+| --- | --- | --- | --- |
+| a plain deploy on a host that runs by hand | `deploy.yml`, no `deploy_adopt` | preflight refused: `Port 30000 on molecule-adopt is already taken by /root/ml-env/bin/python /root/ml-env/bin/transformers serve ... (pid N, not a systemd service); stop that process or set inference_server_port to a free port, or take that server over without a gap with deploy_adopt=true (README: Adopting a host that runs by hand).` | nothing changed; the by-hand server (same pid) kept serving |
+| check mode of an adoption | `deploy.yml --check --diff -e deploy_adopt=true` | the by-hand server was found and described (argv, user, cwd, venv, model, environment names; secret-looking values as `***`); nothing measured or stopped | exit 0; the by-hand server (same pid) kept serving |
+| the new server fails after the switch | `-e deploy_adopt=true -e adopt_min_decode_share=100` (an impossible share), at `-vvvv` | the by-hand server was measured, our venv built beside it, the plan checked, then the by-hand server stopped (SIGTERM), its venv moved aside, ours started and gated; the share check failed: `The new server decodes X tok/s, less than adopt_min_decode_share 100 of the by-hand server's Y tok/s ...` | the rescue stopped and disabled our unit, moved the hand-built venv back to `/root/ml-env`, started the by-hand server again with its own argv, environment, working directory, user and log file under the transient unit `inference-server-by-hand` (systemd-run), gated it, and the deploy failed with one message ending `so the host is back on the server that ran by hand (started again as inference-server-by-hand.service, pid N, ...) and serving: gate PASS ...` |
+| the adoption | `-e deploy_adopt=true` on the host the row above left, a client asking every 0.2 s | the by-hand server stopped only when our venv, model, plan and unit were ready; the client saw no answer for 9.5 s (our warm start 6.5 s; the drain and the tasks between stop and start the rest); the whole scenario took 5.4 min | serving under `inference-server.service`; the hand-built venv kept at `/root/ml-env.by-hand-<timestamp>`; before/after figures in `/var/lib/inference-server-deploy/adopt/report.json` and in `playbooks/status.yml` |
+| a plain deploy after the adoption | `deploy.yml` | the converged fast path | `changed=0` |
+| secrets of the by-hand environment | a fake `HF_TOKEN` in the nohup server's environment | searched in the output of every run of the scenario (one at `-vvvv`) and in the adoption report | found 0 times; the values stay in `/var/lib/inference-server-deploy/adopt/by-hand.env` (root, 0600), read by the transient unit's `EnvironmentFile=` |
+
+Refusals of `deploy_adopt` that the scenario does not try (one sentence each, before anything
+changes): a port held by a process whose pid is hidden from us (not root), a port held by
+another systemd service (it could start its server again: disable it first), a by-hand server
+that does not answer our gate (no baseline), and `adopt_min_decode_share` below 0 or
+`adopt_stop_timeout_s` below 1.
+
+"""
+
+LIMITS = """\
+### What is not covered here
+
+* A hang during loading (before `/health` first answers) is caught by
+  `health_gate_ready_timeout_s` (1800 s on ct129), not by the request timeout; the row above
+  freezes the engine once it served a request, so the request timeout (20 s here, 300 s by
+  default) decides.
+* The old-glibc case uses a lock whose header names `manylinux_2_99`: no host with an old
+  glibc is at hand. ct129's real lock says `manylinux_2_34` and preflight reads the host's
+  glibc with `confstr`.
+* The Hub case uses a local stand-in that answers like huggingface.co for a gated repo (401,
+  `X-Error-Code: GatedRepo`); the real Hub is not reachable from the test machines.
+* The GPU rows use a stand-in `nvidia-smi`; the GPU memory rule (weights per GPU plus
+  headroom) and the memory budget need the weights' size and are checked after the sync
+  (`tests/launch_plan/test_launch_plan.py`, `tests/launch_plan/test_launch_plan_budget.py`, the hand-written table above).
+"""
+
+
+def cell(value: Any) -> str:
+    """One table cell: no newlines, pipes escaped."""
+    text = "yes" if value is True else "no" if value is False else "" if value is None else str(value)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def table(rows: Iterable[dict[str, Any]], keys: Sequence[str], code: Sequence[str] = ()) -> str:
+    """Markdown rows (the header is in the section text); ``code`` keys are quoted as code."""
+    out = []
+    for row in rows:
+        cells = []
+        for key in keys:
+            text = cell(row.get(key))
+            cells.append(f"`{text}`" if key in code and text else text)
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def not_as_expected(rows: list[dict[str, Any]]) -> int:
+    """Rows whose case did not end as asserted (wrong message, server touched, a secret found)."""
+    bad = 0
+    for row in rows:
+        if row["table"] == "bad_input":
+            bad += not (row.get("matched") and row.get("untouched"))
+        elif row["table"] == "faults":
+            bad += row.get("rc") is None
+        elif row["table"] == "secrets":
+            bad += bool(row.get("found"))
+        elif row["table"] == "files":
+            # A rule (e.g. "uid < 1000") carries the test's verdict in "ok"; a mode is compared as is.
+            bad += not row.get("ok", row.get("expected") == row.get("found"))
+    return bad
+
+
+def rolling_rows(rolling: dict[str, Any]) -> list[dict[str, Any]]:
+    """The hand-written rows of the gateway section, with the measured figures."""
+    phases = rolling.get("phases", {})
+    good, bad = phases.get("good_change", {}), phases.get("bad_change", {})
+    return [
+        {
+            "case": "the gateway in front of the fleet",
+            "how": f"{rolling['gateway']} on its own host (group `gateways`); {rolling['hosts']} `transformers serve` "
+            "hosts registered as `generic` workers with their model id and the alias `tiny-qwen3.5`; "
+            f"{rolling.get('clients')} streaming clients through it during both deploys below",
+            "what": f"every request answered through the gateway; p99 before any deploy {rolling['p99_before_s']} s",
+            "requests": rolling["requests"],
+            "failed": rolling["failed"],
+            "cut": rolling["cut"],
+        },
+        {
+            "case": "a good change rolled over every host (the drain)",
+            "how": "one more environment variable in the unit, `deploy.yml` with serial 1",
+            "what": f"{rolling.get('restarted_hosts')} hosts restarted one at a time, each out of the gateway and "
+            f"drained first, back in after its gate; roll {rolling['rollout_s']} s, p50 {rolling['p50_s']} s, "
+            f"p99 {rolling['p99_s']} s",
+            "requests": good.get("requests"),
+            "failed": good.get("failed"),
+            "cut": good.get("cut"),
+        },
+        {
+            "case": "a bad change stops at the first host",
+            "how": "`--attn-implementation no_such_attention` (transformers refuses it while loading)",
+            "what": f"{rolling.get('bad_change_stopped_at')} failed its start, rolled back to last-known-good and "
+            "stayed out of the gateway; the two others never restarted and served every request "
+            f"({rolling.get('bad_change_s')} s); a good deploy put it back",
+            "requests": bad.get("requests"),
+            "failed": bad.get("failed"),
+            "cut": bad.get("cut"),
+        },
+    ]
+
+
+def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> str:
+    """The whole page."""
+    rows = results["rows"]
+    by = {
+        name: [r for r in rows if r["table"] == name]
+        for name in ("bad_input", "faults", "secrets", "secrets_on_purpose", "files")
+    }
+    machine = results.get("machine", {})
+    page = [
+        INTRO.format(
+            minutes=round(results.get("duration_s", 0) / 60, 1),
+            generated=results["generated"],
+            commit=results.get("commit", "?"),
+            cpus=machine.get("cpus", "?"),
+            load=", ".join(str(x) for x in machine.get("load_avg", [])),
+            image=results.get("image") or "local/bookworm-systemd",
+            rows=len(rows),
+            failed=not_as_expected(rows),
+        )
+    ]
+    bad_rows = [
+        dict(
+            r,
+            untouched=("yes" if r.get("untouched") else "NO")
+            + ("" if r.get("matched") else " (message NOT as asserted)"),
+        )
+        for r in by["bad_input"]
+    ]
+    page += [
+        BAD_INPUT,
+        table(bad_rows, ("case", "how", "message", "refused_by", "changed", "untouched", "seconds"), code=("message",)),
+        "\n",
+        PLAN_ONLY,
+    ]
+    fault_rows = []
+    for r in by["faults"]:
+        did = r.get("host_did", "")
+        if r.get("message"):
+            did += f" Message: `{cell(r['message'])[:300]}{'...' if len(r['message']) > 300 else ''}`"
+        fault_rows.append(dict(r, host_did=did))
+    page += [DRAFTERS, table(DRAFTER_ROWS, ("case", "how", "message"), code=("message",)), "\n"]
+    page += [FAULTS, table(fault_rows, ("fault", "how", "happened", "host_did", "recover_s")), "\n"]
+    page += [SECRETS, table(by["secrets"], ("where", "searched", "found")), "\n"]
+    page += [ON_PURPOSE, table(by["secrets_on_purpose"], ("where", "mode", "holds")), "\n"]
+    page += [FILES, table(by["files"], ("path", "expected", "found"), code=("path",)), "\n"]
+    if rolling:
+        page += [
+            ROLLING.format(measured_at=rolling.get("measured_at", "?"), cpus=rolling.get("cpus", "?")),
+            table(rolling_rows(rolling), ("case", "how", "what", "requests", "failed", "cut")),
+            "\n",
+        ]
+    else:
+        page += [
+            "## Rolling deploys through the gateway\n\nNot measured yet: run `molecule test -s fleet`, "
+            "then copy `artifacts/fleet/rolling_deploy.json` to `bench/results/`.\n\n"
+        ]
+    page += [DESIGN.lstrip("\n"), "\n", ADOPTION, LIMITS]
+    return "".join(page)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=REPO / "artifacts" / "reliability" / "results.json")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "reliability.md")
+    parser.add_argument(
+        "--rolling",
+        type=Path,
+        default=REPO / "bench" / "results" / "rolling_deploy.json",
+        help="bench/rolling_deploy's figures for the gateway section (optional)",
+    )
+    parser.add_argument("--check", action="store_true", help="exit 1 when --out differs from the rendering")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    try:
+        results = json.loads(args.results.read_text())
+    except (OSError, ValueError) as exc:
+        print(
+            f"reliability-report: cannot read {args.results}: {exc}; run `molecule test -s reliability` first",
+            file=sys.stderr,
+        )
+        return 2
+    if results.get("schema") != SCHEMA or not isinstance(results.get("rows"), list):
+        print(f"reliability-report: {args.results} is not a schema {SCHEMA} results file", file=sys.stderr)
+        return 2
+    try:
+        rolling = json.loads(args.rolling.read_text()) if args.rolling.exists() else None
+    except ValueError as exc:
+        print(f"reliability-report: cannot read {args.rolling}: {exc}", file=sys.stderr)
+        return 2
+    page = render(results, rolling)
+    if args.check:
+        current = args.out.read_text() if args.out.exists() else ""
+        if current != page:
+            print(f"reliability-report: {args.out} differs from {args.results}", file=sys.stderr)
+            return 1
+        return 0
+    args.out.write_text(page)
+    print(
+        f"reliability-report: wrote {args.out} ({len(results['rows'])} rows, "
+        f"{not_as_expected(results['rows'])} not as expected)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -57,11 +57,11 @@ image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenario
 
 wheelhouse: $(WHEELHOUSE)/.complete $(GW_WHEELHOUSE)/.complete ## download the CPU profile's and the gateway's wheels once
 
-$(WHEELHOUSE)/.complete: $(CPU_LOCK) tools/build-bundle
+$(WHEELHOUSE)/.complete: $(CPU_LOCK) tools/build-bundle tools/lib/deploytools/build_bundle.py
 	$(PYTHON) tools/build-bundle --lock $(CPU_LOCK) --out $(WHEELHOUSE)
 	touch $@
 
-$(GW_WHEELHOUSE)/.complete: $(GW_LOCK) tools/build-bundle
+$(GW_WHEELHOUSE)/.complete: $(GW_LOCK) tools/build-bundle tools/lib/deploytools/build_bundle.py
 	$(PYTHON) tools/build-bundle --lock $(GW_LOCK) --out $(GW_WHEELHOUSE)
 	touch $@
 
@@ -82,7 +82,7 @@ $(TOOLS_VENV)/.installed: $(WHEELHOUSE)/.complete
 
 model: $(TINY_MODEL)/config.json ## generate the tiny rehearsal model (fixed seed, offline)
 
-$(TINY_MODEL)/config.json: tools/make-tiny-model $(TOOLS_VENV)/.installed
+$(TINY_MODEL)/config.json: tools/make-tiny-model tools/lib/deploytools/make_tiny_model.py $(TOOLS_VENV)/.installed
 	$(TOOLS_VENV)/bin/python tools/make-tiny-model --out $(TINY_MODEL)
 
 sim-up: setup ## start the local sim host (systemd container "sim")

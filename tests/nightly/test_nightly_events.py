@@ -420,6 +420,25 @@ def recorded_run(name: str) -> list[dict[str, Any]]:
     return json.loads((Path(__file__).parent / "fixtures" / "events" / name).read_text())
 
 
+def test_a_censored_loop_counts_as_changed_when_a_visible_item_changed():
+    """A loop with one no_log item ends censored whole (ansible-runner keeps no `changed`)."""
+    censored = {"censored": "the output has been hidden due to the fact that 'no_log: true' was specified"}
+    task = "Keep a copy of the unit and its inputs that passed the gate"
+
+    def run(plain_changed: bool) -> list[dict[str, Any]]:
+        item = {"changed": plain_changed, "dest": "/var/lib/x/unit.service"}
+        return [
+            ok_event("h", task, "ansible.builtin.copy", item, role="inference_server", kind="runner_item_on_ok"),
+            ok_event("h", task, "ansible.builtin.copy", censored, role="inference_server", kind="runner_item_on_ok"),
+            ok_event("h", task, "ansible.builtin.copy", censored, role="inference_server"),
+        ]
+
+    assert nd.events.summarize_events(run(True))["h"].changed_tasks == [f"inference_server : {task}"]
+    assert nd.events.summarize_events(run(False))["h"].changed_tasks == []
+    other = ok_event("h", "Another task", "ansible.builtin.copy", censored, uuid="uuid-other")
+    assert nd.events.summarize_events([*run(True)[:2], other])["h"].changed_tasks == []
+
+
 def test_recorded_noop_deploy_has_no_change_and_no_restart():
     hosts = nd.events.summarize_events(recorded_run("sim_noop_run.json"))
     sim = hosts["nr-sim"]

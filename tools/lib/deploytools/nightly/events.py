@@ -219,13 +219,18 @@ def summarize_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostSumma
 
     Only final task results count: ``runner_on_ok``/``runner_on_failed``/
     ``runner_on_unreachable`` (``runner_on_async_ok`` repeats the ``runner_on_ok`` of an
-    async task and is used only when no ``runner_on_ok`` carried that task's result).
+    async task and is used only when no ``runner_on_ok`` carried that task's result). A
+    loop's ``runner_item_on_ok`` events are read only for a final result that no_log
+    censored: the task changed when one of its visible items did.
     """
     hosts: dict[str, HostSummary] = {}
     stats: Mapping[str, Any] | None = None
     seen_ok: set = set()
     async_results: dict[tuple[str, str], Mapping[str, Any]] = {}
     fact_gates: dict[str, GateFigure] = {}
+    # Loop items that reported a change, by (host, task): a loop with one no_log item has its
+    # final result censored whole (no `changed`), but its other items still say so.
+    changed_items: set = set()
 
     def host_of(data: Mapping[str, Any]) -> HostSummary:
         return hosts.setdefault(str(data.get("host")), HostSummary())
@@ -245,7 +250,8 @@ def summarize_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostSumma
             figure = gate_from_result({"report": facts[GATE_REPORT_FACT]}, f"fact {GATE_REPORT_FACT}")
             if figure is not None:
                 fact_gates[str(data.get("host"))] = figure
-        if not res.get("changed"):
+        task_key = (str(data.get("host")), str(data.get("task_uuid")))
+        if not (res.get("changed") or ("censored" in res and task_key in changed_items)):
             return
         label = task_label(data)
         summary.changed_tasks.append(label)
@@ -258,7 +264,9 @@ def summarize_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostSumma
     for event in events:
         kind = event.get("event")
         data = event.get("event_data") or {}
-        if kind == "runner_on_ok":
+        if kind == "runner_item_on_ok" and isinstance(data.get("res"), Mapping) and data["res"].get("changed"):
+            changed_items.add((str(data.get("host")), str(data.get("task_uuid"))))
+        elif kind == "runner_on_ok":
             seen_ok.add((str(data.get("host")), str(data.get("task_uuid"))))
             handle_ok(data)
         elif kind == "runner_on_async_ok":

@@ -23,7 +23,7 @@ GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 # The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
-.PHONY: help demo test prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down \
+.PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down \
         sglang-check-venv lint pytest molecule reliability clean
 
 help: ## list the targets
@@ -33,7 +33,24 @@ demo: setup sim-up model ## set up, deploy to the local sim host, print the gate
 	ansible-playbook deploy.yml -l sim
 	ansible-playbook playbooks/status.yml -l sim
 
-test: setup lint pytest molecule ## every test: lint, pytest, molecule scenarios
+# Every molecule scenario; `make test` runs them in MOLECULE_LANES lanes at once (tools/test-stages).
+SCENARIOS      ?= fleet rollback reliability adopt default mirror render-ct129
+MOLECULE_LANES ?= 2
+
+# Each stage is timed by tools/test-stages; the table (and the 40-minute budget line) is
+# printed at the end whether the run passed or not, and the run's exit status is kept.
+# The setup's steps run two at a time (downloads, debootstrap and venv builds overlap; each
+# target's output is printed whole when it ends).
+test: ## every test: lint, pytest, molecule scenarios, then where the time went
+	@tools/test-stages start
+	@status=0; \
+	tools/test-stages run setup -- $(MAKE) --no-print-directory -j2 --output-sync=target test-setup && \
+	tools/test-stages run lint -- $(MAKE) --no-print-directory lint && \
+	tools/test-stages run pytest -- $(MAKE) --no-print-directory pytest && \
+	tools/test-stages molecule --lanes $(MOLECULE_LANES) $(SCENARIOS) || status=$$?; \
+	tools/test-stages report; exit $$status
+
+test-setup: setup tools-venv gateway-venv sglang-check-venv model image-mlenv ## everything the tests start from
 
 setup: prereqs $(VENV)/.installed collections image wheelhouse ## host programs, controller venv, collections, base image, wheelhouse
 
@@ -48,7 +65,7 @@ $(VENV)/.installed: requirements/controller.txt
 collections: $(VENV)/.installed ## make the collections in requirements.yml available (offline-safe)
 	ansible-galaxy collection install -r requirements.yml
 
-image: ## build the local systemd base image if it is missing
+image: prereqs ## build the local systemd base image if it is missing
 	tools/build-base-image $(BASE_IMAGE)
 
 image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenarios start from it)
@@ -106,8 +123,10 @@ pytest: setup tools-venv gateway-venv sglang-check-venv model ## unit and integr
 sglang-check-venv: $(VENV)/.installed ## controller-side venv with real SGLang for its own parser (tests/launch_plan)
 	DEPLOY_CACHE_DIR=$(CACHE) tools/build-sglang-check-venv
 
-molecule: setup model image-mlenv ## all molecule scenarios
-	molecule test --all
+molecule: setup model image-mlenv ## all molecule scenarios (MOLECULE_LANES at a time), each action timed
+	tools/test-stages start
+	@status=0; tools/test-stages molecule --lanes $(MOLECULE_LANES) $(SCENARIOS) || status=$$?; \
+	tools/test-stages report; exit $$status
 
 reliability: setup model image-mlenv ## bad input, faults, secrets (molecule reliability) -> docs/reliability.md
 	molecule test -s reliability

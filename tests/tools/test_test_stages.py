@@ -1,0 +1,143 @@
+"""tools/test-stages: the stages of ``make test`` timed, molecule's actions read from its output,
+scenarios run in lanes, and the table's budget line."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deploytools import test_stages
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "test-stages"
+
+
+@pytest.fixture
+def stages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A run file of this test's own (the tool and its subprocesses write there)."""
+    path = tmp_path / "stages.jsonl"
+    monkeypatch.setenv("TEST_STAGES_FILE", str(path))
+    return path
+
+
+def _tool(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(TOOL), *args], capture_output=True, text=True, check=False, env=env or dict(os.environ)
+    )
+
+
+def test_action_clock_reads_both_of_molecules_formats() -> None:
+    clock = test_stages.ActionClock()
+    # Without a terminal (CI, a pipe) and on one: both name the scenario and the action.
+    assert clock.feed("INFO     [fleet > destroy] Executing", 10.0) == "destroy"
+    assert clock.feed("INFO     [fleet > destroy] Executed: Successful", 11.0) is None
+    assert clock.feed("\x1b[36mINFO\x1b[0m     fleet ➜ converge: \x1b[1mExecuting\x1b[0m", 12.5) == "converge"
+    assert clock.feed("TASK [Executing the plan] ****", 13.0) is None
+    # verify announces itself twice in a row (the command, then the testinfra verifier): one action.
+    assert clock.feed("INFO     [fleet > verify] Executing", 30.0) == "verify"
+    assert clock.feed("INFO     [fleet > verify] Executing", 30.1) is None
+    assert clock.feed("INFO     [fleet > destroy] Executing", 40.0) == "destroy"
+    clock.close(41.0)
+    assert clock.summary() == [
+        {"action": "destroy", "seconds": 2.5},
+        {"action": "converge", "seconds": 17.5},
+        {"action": "verify", "seconds": 10.0},
+        {"action": "destroy", "seconds": 1.0},
+    ]
+
+
+def test_run_records_the_stage_and_keeps_the_exit_status(stages: Path) -> None:
+    assert _tool("start").returncode == 0
+    ok = _tool("run", "first", "--", sys.executable, "-c", "print('hello')")
+    assert ok.returncode == 0 and "hello" in ok.stdout
+    bad = _tool("run", "second", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert bad.returncode == 3
+    assert "FAILED (exit 3)" in bad.stdout
+    recorded = test_stages.read_stages(stages)
+    assert [(s["name"], s["rc"]) for s in recorded] == [("first", 0), ("second", 3)]
+    assert all(s["end"] >= s["start"] and s["seconds"] >= 0 for s in recorded)
+    # start forgets the last run.
+    assert _tool("start").returncode == 0
+    assert test_stages.read_stages(stages) == []
+
+
+def test_molecule_lanes_run_scenarios_at_once_and_time_their_actions(stages: Path, tmp_path: Path) -> None:
+    """A stand-in ``molecule`` on PATH prints molecule's action lines and sleeps: two lanes
+    overlap the scenarios, each scenario's actions are timed, a failure is reported with its
+    status and the tail of its log."""
+    fake = tmp_path / "bin" / "molecule"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        "s=$3\n"
+        'echo "INFO     [$s > create] Executing"; sleep 0.6\n'
+        'echo "INFO     [$s > converge] Executing"; sleep 0.6\n'
+        'echo "INFO     [$s > destroy] Executing"\n'
+        '[ "$s" = broken ] && { echo "fatal: the last words of $s"; exit 4; }\n'
+        "exit 0\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    done = _tool("molecule", "--lanes", "2", "alpha", "broken", env=env)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "molecule broken: FAILED (exit 4)" in done.stdout
+    assert "fatal: the last words of broken" in done.stdout
+    by_name = {s["name"]: s for s in test_stages.read_stages(stages)}
+    assert set(by_name) == {"molecule alpha", "molecule broken"}
+    alpha, broken = by_name["molecule alpha"], by_name["molecule broken"]
+    assert alpha["rc"] == 0 and broken["rc"] == 4
+    assert [a["action"] for a in alpha["actions"]] == ["create", "converge", "destroy"]
+    assert all(a["seconds"] >= 0.5 for a in alpha["actions"][:2])
+    # Two lanes: the second scenario started before the first ended.
+    assert max(alpha["start"], broken["start"]) < min(alpha["end"], broken["end"])
+    assert (stages.parent / "molecule-broken.log").read_text().endswith("fatal: the last words of broken\n")
+
+
+def test_schedule_starts_the_longest_known_scenario_first() -> None:
+    known = {"molecule fast": 60.0, "molecule slow": 900.0, "lint": 30.0}
+    assert test_stages.schedule(["fast", "new", "slow"], known) == ["new", "slow", "fast"]
+    assert test_stages.schedule(["b", "a"], {}) == ["b", "a"]
+
+
+def _stage(name: str, seconds: float, start: float, rc: int = 0, **extra: object) -> dict[str, object]:
+    return {"name": name, "seconds": seconds, "start": start, "end": start + seconds, "rc": rc, **extra}
+
+
+def test_report_names_the_three_slowest_and_warns_over_budget(stages: Path, tmp_path: Path) -> None:
+    rows = [
+        _stage("setup", 300, 0),
+        _stage("lint", 60, 300),
+        _stage("pytest", 400, 360),
+        _stage("molecule fleet", 1500, 760, actions=[{"action": "converge", "seconds": 200.0}]),
+        _stage("molecule default", 900, 760, rc=2),
+    ]
+    stages.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = tmp_path / "times.json"
+    out = _tool("report", "--record", str(record))
+    assert out.returncode == 0, out.stderr
+    last = [line for line in out.stdout.splitlines() if line.startswith(("budget", "WARNING"))]
+    # Wall time 760 + 1500 = 2260 s: within 2400.
+    assert last == [
+        "budget: 2260 s of 2400 s (94 %); slowest: molecule fleet 1500 s, molecule default 900 s, pytest 400 s"
+    ]
+    assert "  converge" in out.stdout and "FAILED (2)" in out.stdout
+    runs = json.loads(record.read_text())["runs"]
+    assert runs[-1]["total_s"] == 2260 and runs[-1]["passed"] is False
+    assert [s["name"] for s in runs[-1]["stages"]] == [r["name"] for r in rows]
+
+    over = _tool("report", "--budget-s", "2000")
+    assert "WARNING budget: 2260 s is over the 2000 s budget (113 %)" in over.stdout
+    assert over.returncode == 0
+    # A second record appends: the file keeps every run.
+    _tool("report", "--record", str(record))
+    assert len(json.loads(record.read_text())["runs"]) == 2
+
+
+def test_report_without_stages_says_so(stages: Path) -> None:
+    out = _tool("report")
+    assert out.returncode == 2
+    assert "no stages recorded" in out.stderr

@@ -1,0 +1,361 @@
+"""Time the stages of ``make test`` and print where the time went.
+
+    tools/test-stages start                               # a new run (forgets the last one's stages)
+    tools/test-stages run NAME -- COMMAND [ARG...]        # one stage, timed; exits with COMMAND's status
+    tools/test-stages molecule [--lanes N] SCENARIO...    # molecule scenarios, N at a time, each action timed
+    tools/test-stages report [--budget-s 2400] [--record FILE] [--label TEXT]
+
+Each stage appends one JSON line to the run's file (``artifacts/make-test/stages.jsonl``, or
+``$TEST_STAGES_FILE``): its name, start, end, seconds and exit status; a molecule scenario
+also carries the seconds of each of its actions (create, prepare, converge, idempotence,
+side_effect, verify, destroy, ...), read from the ``<scenario> ➜ <action>: Executing`` lines
+that molecule prints when an action starts.
+
+``molecule`` runs the scenarios in ``--lanes`` parallel lanes (the scenarios are independent:
+each has its own containers, network and ephemeral directory). A scenario's output goes to
+``artifacts/make-test/molecule-<scenario>.log``; with one lane it is also streamed to the
+terminal. The console gets one line per action, and on failure the failing scenario's last
+lines. The longest scenarios start first, by the durations of the last run recorded in
+``bench/results/make_test_times.json`` (then the order given), so the lanes end together.
+
+``report`` prints the table (stages, then each scenario's actions) and ends with one line
+that compares the run's wall time with the budget and names the three slowest stages; it is
+a warning, never a failure (machines differ). ``--record FILE`` appends the run to FILE's
+``runs`` list (``bench/results/make_test_times.json`` is committed from a fresh clone).
+
+Runs on the controller's system python3 (stdlib only): the first stage builds the venv.
+Exit status: ``run`` and ``molecule`` exit with the first failing command's status (0 when
+all passed); ``report`` exits 0, or 2 when the run has no stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_STAGES_FILE = REPO / "artifacts" / "make-test" / "stages.jsonl"
+DEFAULT_TIMES_FILE = REPO / "bench" / "results" / "make_test_times.json"
+BUDGET_S = 2400.0
+FAILED_TAIL_LINES = 150
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# molecule's section logger: "INFO     [fleet > converge] Executing" without a terminal,
+# "INFO     fleet ➜ converge: Executing" on one (colours stripped).
+_ACTION_START = re.compile(
+    r"(?:\[(?P<scenario>[\w.-]+) > (?P<action>[\w-]+)\]|(?P<scenario2>[\w.-]+)\s+➜\s+(?P<action2>[\w-]+):)"
+    r"\s+Executing\b"
+)
+
+
+def stages_file() -> Path:
+    """Return the file that holds the current run's stages (one JSON object per line)."""
+    return Path(os.environ.get("TEST_STAGES_FILE") or DEFAULT_STAGES_FILE)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _append(record: dict[str, Any]) -> None:
+    path = stages_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_stages(path: Path | None = None) -> list[dict[str, Any]]:
+    """Return the stages recorded so far, in the order they ended."""
+    path = path or stages_file()
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@dataclass
+class ActionClock:
+    """Turn a molecule scenario's output lines into the seconds each action took."""
+
+    actions: list[dict[str, Any]] = field(default_factory=list)
+
+    def feed(self, line: str, at: float) -> str | None:
+        """Note the line seen at ``at``; return the action's name when one starts here."""
+        match = _ACTION_START.search(_ANSI.sub("", line))
+        if not match:
+            return None
+        action = match.group("action") or match.group("action2")
+        if self.actions and self.actions[-1]["action"] == action and "seconds" not in self.actions[-1]:
+            return None  # verify says Executing twice (the command, then its verifier)
+        self.close(at)
+        self.actions.append({"action": action, "start": at})
+        return action
+
+    def close(self, at: float) -> None:
+        """End the action that is running (if any) at ``at``."""
+        if self.actions and "seconds" not in self.actions[-1]:
+            self.actions[-1]["seconds"] = round(at - self.actions[-1]["start"], 1)
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Return ``[{action, seconds}]``; an action that appears twice (destroy) keeps both."""
+        return [{"action": a["action"], "seconds": a.get("seconds", 0.0)} for a in self.actions]
+
+
+def run_stage(name: str, command: Sequence[str]) -> int:
+    """Run one stage, streaming its output, and record it; return its exit status."""
+    print(f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {' '.join(command)}", flush=True)
+    start = _now()
+    try:
+        rc = subprocess.call(list(command))
+    except OSError as exc:
+        print(f"test-stages: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        rc = 127
+    end = _now()
+    _append({"kind": "stage", "name": name, "start": start, "end": end, "seconds": round(end - start, 1), "rc": rc})
+    print(
+        f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
+        f"in {end - start:.0f} s",
+        flush=True,
+    )
+    return rc
+
+
+@dataclass
+class ScenarioRun:
+    """One molecule scenario in a lane: its process, log and action clock."""
+
+    name: str
+    log_path: Path
+    stream: bool
+    clock: ActionClock = field(default_factory=ActionClock)
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=FAILED_TAIL_LINES))
+    start: float = 0.0
+    end: float = 0.0
+    rc: int | None = None
+
+    def run(self, lock: threading.Lock) -> None:
+        """Run ``molecule test -s NAME``; keep its output, note each action as it starts."""
+        self.start = _now()
+        env = dict(os.environ, PY_COLORS="0", NO_COLOR="1", ANSIBLE_FORCE_COLOR="0")
+        with self.log_path.open("w", encoding="utf-8", buffering=1) as log:
+            proc = subprocess.Popen(
+                ["molecule", "test", "-s", self.name],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                text=True,
+                errors="replace",
+                bufsize=1,
+            )
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                at = _now()
+                log.write(line)
+                self.tail.append(line)
+                action = self.clock.feed(line, at)
+                with lock:
+                    if self.stream:
+                        sys.stdout.write(line)
+                    if action:
+                        print(f"==> [{time.strftime('%H:%M:%S')}] {self.name} ➜ {action}", flush=True)
+            self.rc = proc.wait()
+        self.end = _now()
+        self.clock.close(self.end)
+        _append(
+            {
+                "kind": "scenario",
+                "name": f"molecule {self.name}",
+                "start": self.start,
+                "end": self.end,
+                "seconds": round(self.end - self.start, 1),
+                "rc": self.rc,
+                "actions": self.clock.summary(),
+            }
+        )
+        with lock:
+            verdict = "ok" if self.rc == 0 else f"FAILED (exit {self.rc}), log {self.log_path}"
+            print(
+                f"==> [{time.strftime('%H:%M:%S')}] molecule {self.name}: {verdict} in {self.end - self.start:.0f} s",
+                flush=True,
+            )
+            if self.rc != 0 and not self.stream:
+                print(f"---- last {len(self.tail)} lines of {self.log_path} ----")
+                sys.stdout.write("".join(self.tail))
+                print(f"---- end of {self.name} ----", flush=True)
+
+
+def last_durations(times_file: Path = DEFAULT_TIMES_FILE) -> dict[str, float]:
+    """Return each stage's seconds in the last recorded run (empty when none is recorded)."""
+    try:
+        runs = json.loads(times_file.read_text(encoding="utf-8")).get("runs", [])
+    except (OSError, ValueError):
+        return {}
+    if not runs:
+        return {}
+    return {stage["name"]: float(stage["seconds"]) for stage in runs[-1].get("stages", [])}
+
+
+def schedule(scenarios: Sequence[str], known: dict[str, float]) -> list[str]:
+    """Order the scenarios longest first (by ``known`` seconds); unknown ones keep their order, first."""
+    unknown = [s for s in scenarios if f"molecule {s}" not in known]
+    timed = sorted((s for s in scenarios if f"molecule {s}" in known), key=lambda s: -known[f"molecule {s}"])
+    return unknown + timed
+
+
+def run_molecule(scenarios: Sequence[str], lanes: int) -> int:
+    """Run the scenarios ``lanes`` at a time; return the first failure's status (0 when all passed)."""
+    order = schedule(scenarios, last_durations())
+    log_dir = stages_file().parent
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lanes = max(1, min(lanes, len(order)))
+    print(
+        f"==> [{time.strftime('%H:%M:%S')}] molecule: {len(order)} scenarios in {lanes} lane(s), "
+        f"in this order: {' '.join(order)}",
+        flush=True,
+    )
+    queue = deque(ScenarioRun(name, log_dir / f"molecule-{name}.log", stream=lanes == 1) for name in order)
+    done: list[ScenarioRun] = []
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                scenario = queue.popleft()
+            scenario.run(lock)
+            with lock:
+                done.append(scenario)
+
+    threads = [threading.Thread(target=lane, name=f"lane-{i}") for i in range(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    failed = [s for s in done if s.rc != 0]
+    for scenario in failed:
+        print(f"==> molecule {scenario.name} FAILED (exit {scenario.rc}); its log: {scenario.log_path}")
+    return failed[0].rc or 1 if failed else 0
+
+
+def _fmt(seconds: float) -> str:
+    return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+
+
+def build_run(stages: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    """Return the run as recorded in make_test_times.json: wall time, each stage, the machine."""
+    start = min(s["start"] for s in stages)
+    end = max(s["end"] for s in stages)
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return {
+        "label": label,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start)),
+        "commit": commit or None,
+        "cpus": os.cpu_count(),
+        "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "total_s": round(end - start, 1),
+        "passed": all(s["rc"] == 0 for s in stages),
+        "stages": [{k: s[k] for k in ("name", "seconds", "rc", "actions") if k in s} for s in stages],
+    }
+
+
+def render(run: dict[str, Any], budget_s: float) -> str:
+    """Return the timing table and the budget line."""
+    lines = [
+        "",
+        f"make test: where the time went ({run['date']}, {run['cpus']} CPUs, commit {run['commit']})",
+        f"{'stage':<34} {'time':>7} {'s':>7}  result",
+    ]
+    for stage in run["stages"]:
+        result = "ok" if stage["rc"] == 0 else f"FAILED ({stage['rc']})"
+        lines.append(f"{stage['name']:<34} {_fmt(stage['seconds']):>7} {stage['seconds']:>7.0f}  {result}")
+        for action in stage.get("actions", []):
+            lines.append(f"  {action['action']:<32} {_fmt(action['seconds']):>7} {action['seconds']:>7.0f}")
+    stage_sum = sum(s["seconds"] for s in run["stages"])
+    lines.append(f"{'sum of stages':<34} {_fmt(stage_sum):>7} {stage_sum:>7.0f}  (more than wall when lanes overlap)")
+    lines.append(f"{'wall':<34} {_fmt(run['total_s']):>7} {run['total_s']:>7.0f}")
+    slowest = sorted(run["stages"], key=lambda s: -s["seconds"])[:3]
+    named = ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in slowest)
+    share = 100.0 * run["total_s"] / budget_s
+    if run["total_s"] <= budget_s:
+        lines.append(f"budget: {run['total_s']:.0f} s of {budget_s:.0f} s ({share:.0f} %); slowest: {named}")
+    else:
+        lines.append(
+            f"WARNING budget: {run['total_s']:.0f} s is over the {budget_s:.0f} s budget ({share:.0f} %); "
+            f"slowest: {named}"
+        )
+    return "\n".join(lines)
+
+
+def record(run: dict[str, Any], path: Path) -> None:
+    """Append the run to ``path``'s ``runs`` list (the file is created when missing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault("command", "make test (stages timed by tools/test-stages)")
+    data["budget_s"] = BUDGET_S
+    data.setdefault("runs", []).append(run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    stages = read_stages()
+    if not stages:
+        print(f"test-stages: no stages recorded in {stages_file()}", file=sys.stderr)
+        return 2
+    run = build_run(stages, args.label)
+    print(render(run, args.budget_s), file=out, flush=True)
+    if args.record:
+        record(run, Path(args.record))
+        print(f"recorded in {args.record}", file=out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command line entry point (see the module's docstring)."""
+    parser = argparse.ArgumentParser(prog="test-stages", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("start", help="begin a new run")
+    run = sub.add_parser("run", help="run and time one stage")
+    run.add_argument("name")
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    mol = sub.add_parser("molecule", help="run molecule scenarios in lanes, each action timed")
+    mol.add_argument("--lanes", type=int, default=1)
+    mol.add_argument("scenarios", nargs="+")
+    rep = sub.add_parser("report", help="print the table and the budget line")
+    rep.add_argument("--budget-s", type=float, default=BUDGET_S)
+    rep.add_argument("--record", help="append the run to this JSON file's runs")
+    rep.add_argument("--label", default="make test")
+    args = parser.parse_args(argv)
+
+    if args.command == "start":
+        stages_file().parent.mkdir(parents=True, exist_ok=True)
+        stages_file().write_text("", encoding="utf-8")
+        return 0
+    if args.command == "run":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            parser.error("run needs a command after --")
+        return run_stage(args.name, cmd)
+    if args.command == "molecule":
+        return run_molecule(args.scenarios, args.lanes)
+    return _report(args, sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

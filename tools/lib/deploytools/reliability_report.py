@@ -43,7 +43,7 @@ make reliability        # molecule test -s reliability, then tools/reliability-r
 
 (or `molecule test -s reliability && tools/reliability-report`). The cases took {minutes} min
 on the 2-core CI machine, plus about 1.5 min to create, converge and destroy the container;
-`molecule test --all` (`make test`) runs the scenario too.
+`make test` (and `make molecule`) runs the scenario too.
 
 Run of {generated}, commit `{commit}`, {cpus} CPUs (load average {load} when it ended),
 image `{image}`: {rows} rows, {failed} of them not as expected.

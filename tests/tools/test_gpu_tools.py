@@ -370,6 +370,52 @@ def test_bundle_folders_follow_the_part_size() -> None:
     assert "--part-size" not in ga.prepare.bundle_args(LOCK, Path("w"), Path("p"))
 
 
+def test_the_bundle_keeps_the_kernels_the_targets_gpus_load() -> None:
+    """sgl_kernel loads sgl_kernel/sm100/ on every GPU but sm90: only an sm90-only bundle drops it."""
+    assert ga.common.compute_capability("NVIDIA RTX A6000") == 86
+    assert ga.common.compute_capability("NVIDIA H200") == 90
+    assert ga.common.compute_capability("NVIDIA H100 80GB HBM3") == 90
+    assert ga.common.compute_capability("NVIDIA A100-SXM4-80GB") == 80
+    assert ga.common.compute_capability("Some Future GPU") is None
+
+    def stripped(gpus: list[str]) -> list[str]:
+        args = ga.prepare.bundle_args(LOCK, Path("w"), Path("p"), strips=ga.common.strips_for(gpus))
+        return [args[i + 1] for i, arg in enumerate(args) if arg == "--strip"]
+
+    hopper = stripped(["NVIDIA H200", "NVIDIA H200"])
+    assert "sgl_kernel/sm100" in hopper and "sgl_kernel/flashmla_ops.abi3.so" in hopper
+    # ct129's two RTX A6000 (sm86), a mixed host, unknown or no names: the sm100 build travels.
+    for gpus in (["NVIDIA RTX A6000"] * 2, ["NVIDIA H200", "NVIDIA RTX A6000"], ["Some Future GPU"], []):
+        kept = stripped(gpus)
+        assert "sgl_kernel/sm100" not in kept, gpus
+        assert "sgl_kernel/flashmla_ops.abi3.so" in kept
+    # The acceptance inventory's host (2x H200) gets the Hopper bundle.
+    names = [gpu["name"] for gpu in ga.prepare.acceptance_offline_plan()["gpus"]]
+    assert ga.common.strips_for(names) == ga.common.STRIP + ga.common.STRIP_SM90_ONLY
+
+
+def test_a_bundle_packed_for_other_gpus_is_packed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A packed bundle is reused only when it left out exactly what this target's GPUs allow."""
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    hopper = ga.common.strips_for(["NVIDIA H200"])
+    manifest = {
+        "lock_sha256": ga.prepare.bundle.sha256_file(LOCK),
+        "packages": ga.prepare.current_selection(LOCK),
+        "stripped_bytes": {pattern: 1 for pattern in hopper},
+        "parts": [{"name": "site.tar.xz", "bytes": 1}],
+        "bytes": 1,
+    }
+    (pack / "site.tar.xz").write_bytes(b"x")
+    (pack / ga.prepare.bundle.PACK_MANIFEST).write_text(json.dumps(manifest))
+    built: list[list[str]] = []
+    monkeypatch.setattr(ga.prepare.bundle, "main", lambda args: built.append(args) or 0)
+    assert ga.prepare.ensure_bundle(LOCK, tmp_path / "w", pack, False, strips=hopper) == manifest
+    assert built == []
+    ga.prepare.ensure_bundle(LOCK, tmp_path / "w", pack, False, strips=ga.common.strips_for(["NVIDIA RTX A6000"]))
+    assert len(built) == 1 and "sgl_kernel/sm100" not in built[0]
+
+
 def test_original_flags_error_is_found_in_a_log() -> None:
     log = (
         '[2026-11-29] server_args=...\nTraceback (most recent call last):\n  File "x", line 1\n'

@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="take the packed bundle and model from another prepared folder (e.g. a worktree's .gpuw)",
     )
+    p.add_argument(
+        "--gpu-name",
+        action="append",
+        help="a GPU of the target host as nvidia-smi names it (repeatable; default: the acceptance inventory's "
+        "GPUs); the sgl_kernel build that its compute capability loads stays in the bundle",
+    )
     p.add_argument("--rebuild-bundle", action="store_true", help="rebuild the packed bundle even if it is current")
     p.add_argument("--rebuild-model", action="store_true", help="regenerate the tiny model")
 

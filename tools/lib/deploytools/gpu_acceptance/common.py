@@ -56,14 +56,40 @@ anthropic blobfile torchcodec smg-grpc-servicer py-spy cuda-python
 KEEP = """
 transformers tokenizers dill jsonschema jsonschema-specifications referencing rpds-py torch-c-dlpack-ext
 """.split()
-# Deleted from the site tree before packing: Blackwell kernels, FlashMLA, static libraries
-# and the CUDA 12 hook of torch_memory_saver (the image is CUDA 13, the GPU sm_90).
+# Deleted from the site tree before packing, whatever the GPU: FlashMLA (MLA models only),
+# static libraries and the CUDA 12 hook of torch_memory_saver (the image is CUDA 13).
 STRIP = [
-    "sgl_kernel/sm100",
     "sgl_kernel/flashmla_ops.abi3.so",
     "lib/*.a",
     "torch_memory_saver_hook_mode_torch_cu12.abi3.so",
 ]
+# sgl_kernel loads its build under sgl_kernel/sm90/ on compute capability 9.0 and the one under
+# sgl_kernel/sm100/ on every other GPU, sm86 (the RTX A6000) included (sgl_kernel/load_utils.py,
+# _load_architecture_specific_ops): only a bundle for sm90 GPUs alone may leave sm100/ out.
+STRIP_SM90_ONLY = ["sgl_kernel/sm100"]
+# Compute capability (major * 10 + minor) by a word of the GPU's name as nvidia-smi reports it
+# (the inventory's offline_plan.gpus[].name, e.g. "NVIDIA RTX A6000", "NVIDIA H200").
+GPU_COMPUTE_CAPABILITY = {
+    "A100": 80, "A800": 80, "A6000": 86, "A40": 86, "A10": 86, "L40S": 89, "L40": 89, "L4": 89, "4090": 89,
+    "H100": 90, "H200": 90, "H800": 90, "H20": 90, "GH200": 90, "B200": 100, "GB200": 100,
+}  # fmt: skip
+
+
+def compute_capability(gpu_name: str) -> int | None:
+    """The compute capability of a GPU by its name, or None when the name is not known."""
+    for word in gpu_name.replace("-", " ").split():
+        if word.upper() in GPU_COMPUTE_CAPABILITY:
+            return GPU_COMPUTE_CAPABILITY[word.upper()]
+    return None
+
+
+def strips_for(gpu_names: list[str]) -> list[str]:
+    """What the bundle leaves out for these GPUs: the sm100 kernels only when every GPU is sm90
+    (an unknown or missing name keeps them: a bundle too large works, one too small does not)."""
+    capabilities = {compute_capability(name) for name in gpu_names}
+    return STRIP + (STRIP_SM90_ONLY if capabilities == {90} else [])
+
+
 # The acceptance host: 2x H200 and the one tiny-model allowance (docs/gpu.md: the
 # draft's KV pool) live in this inventory, read by tools/launch-plan like any other host.
 ACCEPTANCE_INVENTORY = REPO / "inventory" / "gpu-acceptance.yml"

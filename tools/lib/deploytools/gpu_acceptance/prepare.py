@@ -28,7 +28,6 @@ from .common import (
     NOT_NEEDED,
     REPO,
     RUN_STEPS,
-    STRIP,
     TARGET_PLATFORM,
     TARGET_PYTHON,
     TOOLS,
@@ -36,8 +35,17 @@ from .common import (
     Plan,
     flag_value,
     say,
+    strips_for,
     write_json,
 )
+
+
+def acceptance_offline_plan() -> dict[str, Any]:
+    """The acceptance host's ``offline_plan`` (its GPUs, engine version) from its inventory."""
+    import yaml  # the controller venv has it (ansible-core)
+
+    inventory = yaml.safe_load(ACCEPTANCE_INVENTORY.read_text())
+    return inventory["all"]["children"]["sglang_servers"]["hosts"][ACCEPTANCE_HOST]["offline_plan"]
 
 
 def render_plan(model_config_file: Path, weights_bytes: int, model_path: str) -> dict[str, Any]:
@@ -48,12 +56,8 @@ def render_plan(model_config_file: Path, weights_bytes: int, model_path: str) ->
     tiny-model override, plus this model's config.json, size and path. The venv directory,
     the environment (JIT caches included) and every flag come from the role, not from here.
     """
-    import yaml  # the controller venv has it (ansible-core)
-
-    inventory = yaml.safe_load(ACCEPTANCE_INVENTORY.read_text())
-    host_vars = inventory["all"]["children"]["sglang_servers"]["hosts"][ACCEPTANCE_HOST]
     offline = {
-        **host_vars["offline_plan"],
+        **acceptance_offline_plan(),
         "model_config_file": str(model_config_file.resolve()),
         "weights_bytes": weights_bytes,
     }
@@ -87,7 +91,9 @@ def render_plan(model_config_file: Path, weights_bytes: int, model_path: str) ->
 # --------------------------------------------------------------------------------------
 
 
-def bundle_args(lock: Path, wheelhouse: Path, pack_dir: Path, part_size: str | None = None) -> list[str]:
+def bundle_args(
+    lock: Path, wheelhouse: Path, pack_dir: Path, part_size: str | None = None, strips: list[str] | None = None
+) -> list[str]:
     """build-bundle arguments for the target image: cp312, image packages and unneeded ones out,
     the archive split into parts of at most ``part_size`` when one is given."""
     args = [
@@ -106,7 +112,7 @@ def bundle_args(lock: Path, wheelhouse: Path, pack_dir: Path, part_size: str | N
         "--pack",
         str(pack_dir),
     ]
-    for pattern in STRIP:
+    for pattern in strips_for([]) if strips is None else strips:
         args += ["--strip", pattern]
     if part_size:
         args += ["--part-size", part_size]
@@ -121,24 +127,30 @@ def current_selection(lock: Path) -> list[str]:
 
 
 def ensure_bundle(
-    lock: Path, wheelhouse: Path, pack_dir: Path, rebuild: bool, part_size: str | None = None
+    lock: Path,
+    wheelhouse: Path,
+    pack_dir: Path,
+    rebuild: bool,
+    part_size: str | None = None,
+    strips: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Reuse ``pack_dir/pack.json`` if it packs this lock's selection with these strips (in parts
-    no larger than ``part_size``, when one is given), else build it."""
+    """Reuse ``pack_dir/pack.json`` if it packs this lock's selection with exactly these strips
+    (in parts no larger than ``part_size``, when one is given), else build it."""
+    strips = strips_for([]) if strips is None else strips
     manifest_path = pack_dir / bundle.PACK_MANIFEST
     if manifest_path.is_file() and not rebuild:
         packed = json.loads(manifest_path.read_text())
         fresh = (
             packed.get("lock_sha256") == bundle.sha256_file(lock)
             and packed.get("packages") == current_selection(lock)
-            and set(packed.get("stripped_bytes", {})) >= set(STRIP)
+            and set(packed.get("stripped_bytes", {})) == set(strips)
             and (not part_size or all(p["bytes"] <= bundle.parse_size(part_size) for p in packed["parts"]))
         )
         if fresh and all((pack_dir / p["name"]).is_file() for p in packed["parts"]):
             say(f"reusing the packed bundle in {pack_dir} ({packed['bytes'] / 2**20:.1f} MiB)")
             return packed
     say(f"building the bundle (download, install, strip, tar | xz) into {pack_dir}; xz takes minutes")
-    if bundle.main(bundle_args(lock, wheelhouse, pack_dir, part_size)):
+    if bundle.main(bundle_args(lock, wheelhouse, pack_dir, part_size, strips)):
         raise AcceptanceError("tools/build-bundle failed (see above)")
     return json.loads(manifest_path.read_text())
 
@@ -280,7 +292,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.reuse:
         seed_from(args.reuse.resolve(), out)
     wheelhouse = cache / "wheelhouse" / f"{args.lock.stem}-h200-cp312"
-    packed = ensure_bundle(args.lock, wheelhouse, out / "pack", args.rebuild_bundle, args.part_size)
+    gpu_names = args.gpu_name or [gpu["name"] for gpu in acceptance_offline_plan().get("gpus", [])]
+    strips = strips_for(gpu_names)
+    say(f"bundle for {', '.join(gpu_names) or 'unknown GPUs'}: leaves out {', '.join(strips)}")
+    packed = ensure_bundle(args.lock, wheelhouse, out / "pack", args.rebuild_bundle, args.part_size, strips)
     t_bundle = time.monotonic()
     model_python = args.model_python or str(cache / "venvs" / "transformers-cpu" / "bin" / "python")
     model = ensure_model(out, model_python, args.rebuild_model)

@@ -36,6 +36,7 @@ filter raises ``AnsibleFilterError``.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -166,7 +167,59 @@ def build_plan(
     plan["notes"] = [facts.summary()] + plan["notes"] + ([table.note] if table.note else [])
     if cache_dir:
         plan["notes"].append(f"JIT and compile caches under {cache_dir.rstrip('/')}")
+    origins = {
+        "the model's config.json": model_config,
+        "the drafter's config.json": draft_config or {},
+        "inference_server_settings": settings,
+        "inference_server_overrides": overrides or {},
+        "inference_server_environment": environment or {},
+    }
+    _refuse_control_characters(plan, origins)
     return plan
+
+
+# A newline in a unit's value starts a new unit line (a root ExecStartPre=, say); any other
+# control character has no place in an argument, a variable or a comment either.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _strings(value: Any, path: str) -> list[tuple[str, str]]:
+    """Every string in ``value`` (keys and values, nested), with where it sits."""
+    if isinstance(value, str):
+        return [(path, value)]
+    found: list[tuple[str, str]] = []
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found += _strings(str(key), f"{path} (a key)") + _strings(item, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found += _strings(item, f"{path}[{index}]")
+    return found
+
+
+def _refuse_control_characters(plan: Mapping[str, Any], origins: Mapping[str, Any]) -> None:
+    """Refuse a plan whose argv, environment or notes hold a control character, naming the
+    input it came from (the model's config.json is not trusted: it may come from a hub)."""
+    rendered = [(f"argument {i} of the launch", str(word)) for i, word in enumerate(plan["argv"])]
+    rendered += [(f"the environment variable {name}", str(value)) for name, value in plan["env"].items()]
+    rendered += [("a note of the plan", str(note)) for note in plan["notes"]]
+    for where, text in rendered:
+        bad = _CONTROL.search(text)
+        if not bad:
+            continue
+        source = next(
+            (
+                path
+                for name, value in origins.items()
+                for path, found in _strings(value, name)
+                if _CONTROL.search(found) and (found in text or text in found)
+            ),
+            "the launch plan",
+        )
+        raise PlanError(
+            f"{where} holds the control character {bad.group()!r} ({text[:160]!r}), which would break the "
+            f"unit's lines: it comes from {source}; remove it there before anything is written."
+        )
 
 
 def launch_plan(model_config: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:

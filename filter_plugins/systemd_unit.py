@@ -12,6 +12,16 @@ from typing import Any
 
 # Characters that are safe unquoted in a systemd command line word.
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+# A newline would start a new unit line; no control character belongs in a unit's value.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control_characters(text: str, what: str) -> str:
+    """Return ``text``, or raise ValueError when it holds a control character (the launch plan
+    refuses these first, naming their source; this is the renderer's own guard)."""
+    if _CONTROL.search(text):
+        raise ValueError(f"{what} {text[:80]!r} holds a control character: it cannot go into a systemd unit")
+    return text
 
 
 def systemd_quote(word: Any) -> str:
@@ -20,7 +30,7 @@ def systemd_quote(word: Any) -> str:
     ``$`` becomes ``$$`` (no variable expansion) and ``%`` becomes ``%%`` (no unit
     specifiers), so the process receives exactly ``word``.
     """
-    text = str(word)
+    text = _no_control_characters(str(word), "the argument")
     escaped = text.replace("%", "%%").replace("$", "$$")
     if text and _SAFE_WORD.match(text):
         return escaped
@@ -48,7 +58,8 @@ def systemd_env_line(name: str, value: Any) -> str:
     """Render ``Environment="NAME=value"`` with systemd's quoting rules."""
     if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", str(name)):
         raise ValueError(f"'{name}' is not a valid environment variable name")
-    text = str(value).replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
+    text = _no_control_characters(str(value), f"the value of {name}")
+    text = text.replace("%", "%%").replace("\\", "\\\\").replace('"', '\\"')
     return f'Environment="{name}={text}"'
 
 

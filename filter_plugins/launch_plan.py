@@ -36,7 +36,6 @@ filter raises ``AnsibleFilterError``.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -65,6 +64,7 @@ from launch_plan_common import (  # noqa: E402, F401  (the names callers of laun
 from launch_plan_model import model_facts  # noqa: E402
 from launch_plan_rehearsal import plan_transformers  # noqa: E402
 from launch_plan_sglang import plan_sglang  # noqa: E402
+from systemd_unit import CONTROL_CHARACTERS  # noqa: E402  (a newline in a unit's value starts a new unit line)
 
 ENGINES = ("sglang", "transformers")
 
@@ -178,11 +178,6 @@ def build_plan(
     return plan
 
 
-# A newline in a unit's value starts a new unit line (a root ExecStartPre=, say); any other
-# control character has no place in an argument, a variable or a comment either.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
 def _strings(value: Any, path: str) -> list[tuple[str, str]]:
     """Every string in ``value`` (keys and values, nested), with where it sits."""
     if isinstance(value, str):
@@ -204,7 +199,7 @@ def _refuse_control_characters(plan: Mapping[str, Any], origins: Mapping[str, An
     rendered += [(f"the environment variable {name}", str(value)) for name, value in plan["env"].items()]
     rendered += [("a note of the plan", str(note)) for note in plan["notes"]]
     for where, text in rendered:
-        bad = _CONTROL.search(text)
+        bad = CONTROL_CHARACTERS.search(text)
         if not bad:
             continue
         source = next(
@@ -212,7 +207,7 @@ def _refuse_control_characters(plan: Mapping[str, Any], origins: Mapping[str, An
                 path
                 for name, value in origins.items()
                 for path, found in _strings(value, name)
-                if _CONTROL.search(found) and (found in text or text in found)
+                if CONTROL_CHARACTERS.search(found) and (found in text or text in found)
             ),
             "the launch plan",
         )

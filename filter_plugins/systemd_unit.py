@@ -12,14 +12,15 @@ from typing import Any
 
 # Characters that are safe unquoted in a systemd command line word.
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
-# A newline would start a new unit line; no control character belongs in a unit's value.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# A newline would start a new unit line; no control character belongs in a unit's value
+# (the launch plan refuses them with the same pattern).
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _no_control_characters(text: str, what: str) -> str:
     """Return ``text``, or raise ValueError when it holds a control character (the launch plan
     refuses these first, naming their source; this is the renderer's own guard)."""
-    if _CONTROL.search(text):
+    if CONTROL_CHARACTERS.search(text):
         raise ValueError(f"{what} {text[:80]!r} holds a control character: it cannot go into a systemd unit")
     return text
 

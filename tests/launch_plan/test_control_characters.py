@@ -54,7 +54,7 @@ def test_operator_inputs_with_control_characters_are_refused(
 
 def test_plans_without_control_characters_are_unchanged(launch_plan, qwen_config, ct129_kwargs):
     plan = launch_plan.build_plan(qwen_config, **ct129_kwargs)
-    assert not any(launch_plan._CONTROL.search(str(word)) for word in plan["argv"])
+    assert not any(launch_plan.CONTROL_CHARACTERS.search(str(word)) for word in plan["argv"])
 
 
 @pytest.mark.parametrize(

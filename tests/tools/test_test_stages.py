@@ -97,6 +97,25 @@ def test_molecule_lanes_run_scenarios_at_once_and_time_their_actions(stages: Pat
     assert (stages.parent / "molecule-broken.log").read_text().endswith("fatal: the last words of broken\n")
 
 
+def test_molecule_that_cannot_be_started_fails_the_run(stages: Path, tmp_path: Path) -> None:
+    """No molecule on PATH: every scenario fails with 127, never a silent pass."""
+    env = dict(os.environ, PATH=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, str(TOOL), "molecule", "--lanes", "2", "alpha", "beta"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 127, done.stdout + done.stderr
+    assert "molecule alpha: FAILED (exit 127)" in done.stdout
+    assert "cannot run molecule" in done.stdout
+    assert {s["name"]: s["rc"] for s in test_stages.read_stages(stages)} == {
+        "molecule alpha": 127,
+        "molecule beta": 127,
+    }
+
+
 def test_schedule_starts_the_longest_known_scenario_first() -> None:
     known = {"molecule fast": 60.0, "molecule slow": 900.0, "lint": 30.0}
     assert test_stages.schedule(["fast", "new", "slow"], known) == ["new", "slow", "fast"]

@@ -149,27 +149,34 @@ class ScenarioRun:
         self.start = _now()
         env = dict(os.environ, PY_COLORS="0", NO_COLOR="1", ANSIBLE_FORCE_COLOR="0")
         with self.log_path.open("w", encoding="utf-8", buffering=1) as log:
-            proc = subprocess.Popen(
-                ["molecule", "test", "-s", self.name],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                env=env,
-                text=True,
-                errors="replace",
-                bufsize=1,
-            )
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                at = _now()
-                log.write(line)
-                self.tail.append(line)
-                action = self.clock.feed(line, at)
-                with lock:
-                    if self.stream:
-                        sys.stdout.write(line)
-                    if action:
-                        print(f"==> [{time.strftime('%H:%M:%S')}] {self.name} ➜ {action}", flush=True)
-            self.rc = proc.wait()
+            try:
+                proc = subprocess.Popen(
+                    ["molecule", "test", "-s", self.name],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    text=True,
+                    errors="replace",
+                    bufsize=1,
+                )
+            except OSError as exc:
+                message = f"test-stages: cannot run molecule: {exc}\n"
+                log.write(message)
+                self.tail.append(message)
+                self.rc = 127
+            else:
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    at = _now()
+                    log.write(line)
+                    self.tail.append(line)
+                    action = self.clock.feed(line, at)
+                    with lock:
+                        if self.stream:
+                            sys.stdout.write(line)
+                        if action:
+                            print(f"==> [{time.strftime('%H:%M:%S')}] {self.name} ➜ {action}", flush=True)
+                self.rc = proc.wait()
         self.end = _now()
         self.clock.close(self.end)
         _append(
@@ -246,7 +253,12 @@ def run_molecule(scenarios: Sequence[str], lanes: int) -> int:
     failed = [s for s in done if s.rc != 0]
     for scenario in failed:
         print(f"==> molecule {scenario.name} FAILED (exit {scenario.rc}); its log: {scenario.log_path}")
-    return failed[0].rc or 1 if failed else 0
+    if len(done) != len(order):  # a lane died before its scenario ended: never a pass
+        print(f"==> molecule: {len(order) - len(done)} scenario(s) did not run to the end", flush=True)
+        return 1
+    if failed:
+        return failed[0].rc or 1
+    return 0
 
 
 def _fmt(seconds: float) -> str:

@@ -33,8 +33,9 @@ demo: setup sim-up model ## set up, deploy to the local sim host, print the gate
 	ansible-playbook deploy.yml -l sim
 	ansible-playbook playbooks/status.yml -l sim
 
-# Every molecule scenario; `make test` runs them in MOLECULE_LANES lanes at once (tools/test-stages).
-SCENARIOS      ?= fleet rollback reliability adopt default mirror render-ct129
+# Every molecule scenario (each folder with a molecule.yml); `make test` runs them in
+# MOLECULE_LANES lanes at once, the longest first by the last committed run (tools/test-stages).
+SCENARIOS      ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 MOLECULE_LANES ?= 2
 
 # Each stage is timed by tools/test-stages; the table (and the 40-minute budget line) is

@@ -6,7 +6,9 @@ SHELL := /bin/bash
 VENV        ?= .venv
 CACHE       ?= $(CURDIR)/.cache
 BASE_IMAGE  ?= local/bookworm-systemd
-PYTHON      ?= python3
+# The host's Python, found before PATH below puts the controller venv first: a step that runs
+# beside the venv's build (make -j2) must never pick up a half-built .venv/bin/python3.
+PYTHON      ?= $(shell python3 -c "import sys; print(sys.executable)")
 
 export DEPLOY_CACHE_DIR := $(CACHE)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)

@@ -6,9 +6,11 @@ SHELL := /bin/bash
 VENV        ?= .venv
 CACHE       ?= $(CURDIR)/.cache
 BASE_IMAGE  ?= local/bookworm-systemd
-# The host's Python, found before PATH below puts the controller venv first: a step that runs
-# beside the venv's build (make -j2) must never pick up a half-built .venv/bin/python3.
-PYTHON      ?= $(shell python3 -c "import sys; print(sys.executable)")
+# The host's Python, never the controller venv's (PATH below puts it first, and a recursive
+# make inherits that PATH): a step that runs beside the venv's build (make -j2) must never
+# pick up a half-built .venv/bin/python3 without pip.
+PYTHON      ?= $(shell PATH="$$(printf %s "$$PATH" | tr : '\n' | grep -vxF '$(CURDIR)/$(VENV)/bin' | paste -sd:)" \
+                 python3 -c "import sys; print(sys.executable)")
 
 export DEPLOY_CACHE_DIR := $(CACHE)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)

@@ -19,8 +19,10 @@ SEED_PACKAGES = {"pip", "setuptools", "wheel"}
 def locked_versions() -> dict[str, str]:
     """Pins of the CPU lock, by canonical name."""
     pins = {}
-    for line in LOCK.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
+    # pip's reading: continued lines joined, the --hash options are not part of the pin.
+    text = re.sub(r"\\\n", " ", LOCK.read_text())
+    for line in text.splitlines():
+        line = re.sub(r"\s--hash=\S+", "", " " + line.split("#", 1)[0]).strip()
         if line:
             name, _, version = line.partition("==")
             pins[re.sub(r"[-_.]+", "-", name).lower()] = version

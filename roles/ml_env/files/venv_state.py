@@ -50,13 +50,32 @@ def marker_applies(marker: str, python: tuple[int, ...]) -> bool:
     return True
 
 
+def logical_lines(text: str) -> list[str]:
+    """The lock's lines as pip reads them: a line ending in a backslash goes on with the next
+    (a comment line never continues)."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        if raw.endswith("\\") and not raw.lstrip().startswith("#"):
+            pending += raw[:-1] + " "
+            continue
+        lines.append(pending + raw)
+        pending = ""
+    return lines + ([pending] if pending else [])
+
+
+# A wheel's sha256 on a lock line (``--hash=sha256:<hex>``, tools/lock-profile): not part of the pin.
+_HASH_OPTION = re.compile(r"\s--hash[=\s]\s*\S+")
+
+
 def read_lock(path: str, python: tuple[int, ...] = sys.version_info[:2]) -> dict[str, str]:
     """Map canonical name -> pinned version for every ``name==version`` line of the lock
-    whose marker (if any) applies to ``python``."""
+    whose marker (if any) applies to ``python``; ``--hash`` options and continued lines are
+    read as pip reads them."""
     pins: dict[str, str] = {}
     with open(path, encoding="utf-8") as handle:
-        for raw in handle:
-            line = raw.split("#", 1)[0].strip()
+        for raw in logical_lines(handle.read()):
+            line = _HASH_OPTION.sub("", " " + raw.split("#", 1)[0]).strip()
             if not line:
                 continue
             requirement, _, marker = line.partition(";")

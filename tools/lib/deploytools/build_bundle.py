@@ -17,6 +17,11 @@ them unless ``--no-prune``. ``--keep PATTERN`` overrides ``--exclude``; ``--only
 PATTERN`` selects exactly the matching packages. ``--list`` prints the selection and
 downloads nothing.
 
+Hashes. A lock whose lines carry ``--hash=sha256:...`` (tools/lock-profile writes them) is
+downloaded with ``pip download --require-hashes``, so a file whose sha256 the lock does not
+list is refused, and the wheel kept for each line is one whose sha256 the lock lists;
+``requirements.txt`` in the wheelhouse pins each package with the sha256 of its wheel there.
+
 Packing for another machine: ``--pack DIR`` installs the selected wheels with ``pip install --no-index --no-deps
 --no-compile --target`` into a site tree (console scripts dropped: the receiving side
 writes its own), deletes the ``--strip`` globs and runs ``tar | xz`` into one archive
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -40,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -68,12 +74,14 @@ def normalize_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class LockEntry:
-    """One pinned line of a lock file."""
+    """One pinned requirement of a lock file (one line, or one line continued with ``\\``)."""
 
     name: str
     version: str
     marker: str = ""
     via: tuple[str, ...] = ()
+    # ``sha256:<hex>`` of every wheel file pip may install for this line (empty: not hashed).
+    hashes: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -85,35 +93,122 @@ class LockEntry:
         """``name==version`` without marker."""
         return f"{self.name}=={self.version}"
 
+    def requirement(self, marker: bool = True) -> str:
+        """The line for pip on one line: ``name==version[ ; marker][ --hash=sha256:...]``."""
+        text = self.pin + (f" ; {self.marker}" if marker and self.marker else "")
+        return " ".join([text, *(f"--hash={h}" for h in self.hashes)])
+
 
 _LINE = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(?P<version>[^\s;#]+)\s*"
     r"(?:;(?P<marker>[^#]*))?(?:#(?P<comment>.*))?$"
 )
+# pip's own rule for a comment in a requirements file: '#' at the start or after whitespace.
+_COMMENT = re.compile(r"(^|\s+)#.*$")
+_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """``(first line number, line)`` the way pip reads a requirements file: a line ending in
+    ``\\`` goes on with the next one; a comment line never continues (and ends a continuation)."""
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        comment = _COMMENT.match(raw) is not None
+        if raw.endswith("\\") and not comment:
+            start = start if pending else number
+            pending.append(raw[:-1])
+            continue
+        if pending and not comment:
+            yield start, " ".join([*pending, raw])
+        elif pending:  # pip drops a comment that ends a continuation; it is yielded on its own
+            yield start, " ".join(pending)
+            yield number, raw
+        else:
+            yield number, raw
+        pending = []
+    if pending:
+        yield start, " ".join(pending)
+
+
+def via_of(comment: str) -> tuple[str, ...]:
+    """The parents a ``via a, b`` comment names (``requested ...``: none, never pruned)."""
+    if not comment.startswith("via "):
+        return ()
+    return tuple(normalize_name(v.strip()) for v in comment[4:].split(",") if v.strip())
+
+
+def parse_requirement(line: str, source: str = "lock", number: int = 0) -> tuple[LockEntry, str]:
+    """One logical requirement line -> ``(entry, its inline comment)``.
+
+    ``name==version [; marker] [--hash=sha256:HEX ...] [# comment]``; any option but
+    ``--hash`` is refused (a lock is a list of exact files, not a pip command line).
+    """
+    comment = ""
+    found = _COMMENT.search(line)
+    if found:
+        comment = found.group(0).strip()[1:].strip()
+        line = line[: found.start()]
+    words = line.split()
+    first = next((i for i, w in enumerate(words) if w.startswith("-")), len(words))
+    requirement, options = " ".join(words[:first]), words[first:]
+    match = _LINE.match(requirement)
+    if not match:
+        raise BundleError(f"{source}:{number}: '{line.strip()}' is not pinned with ==; a lock pins every package")
+    hashes: list[str] = []
+    while options:
+        option = options.pop(0)
+        value = option[len("--hash=") :] if option.startswith("--hash=") else None
+        if option == "--hash" and options:
+            value = options.pop(0)
+        if value is None or not _HASH.match(value):
+            raise BundleError(
+                f"{source}:{number}: '{option}' is not --hash=sha256:<64 hex digits>, the only option a lock line takes"
+            )
+        if value not in hashes:
+            hashes.append(value)
+    entry = LockEntry(
+        match.group("name"), match.group("version"), (match.group("marker") or "").strip(), (), tuple(hashes)
+    )
+    return entry, comment
 
 
 def parse_lock_text(text: str, source: str = "lock") -> list[LockEntry]:
     """Parse a lock's text into entries; every non-comment line must be ``name==version``.
 
-    A trailing ``# via a, b`` comment names the packages that need the line's package;
-    ``# requested`` marks a top-level requirement.
+    A requirement may go on over lines ending in ``\\`` with its ``--hash=sha256:...``
+    options, as pip reads it. A ``# via a, b`` comment names the packages that need the
+    line's package, and ``# requested`` marks a top-level requirement: at the end of the
+    line, or on the indented comment line right after the requirement (after its hashes).
     """
     entries: list[LockEntry] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+    commented = True  # whether the last entry has its comment (nothing to attach to yet)
+    for number, line in logical_lines(text):
+        stripped = line.strip()
+        if not stripped:
+            commented = True
             continue
-        match = _LINE.match(line)
-        if not match:
-            raise BundleError(f"{source}:{number}: '{line}' is not pinned with ==; a lock pins every package")
-        comment = (match.group("comment") or "").strip()
-        via: tuple[str, ...] = ()
-        if comment.startswith("via "):
-            via = tuple(normalize_name(v.strip()) for v in comment[4:].split(",") if v.strip())
-        entries.append(
-            LockEntry(match.group("name"), match.group("version"), (match.group("marker") or "").strip(), via)
-        )
+        if stripped.startswith("#"):
+            if not commented and line[:1].isspace():
+                entries[-1] = replace(entries[-1], via=via_of(stripped[1:].strip()))
+            commented = True
+            continue
+        entry, comment = parse_requirement(line, source, number)
+        entries.append(replace(entry, via=via_of(comment)))
+        commented = bool(comment)
     return entries
+
+
+def format_entry(entry: LockEntry, comment: str = "") -> str:
+    """A lock line as tools/lock-profile writes it: one line without hashes; with hashes,
+    pip's continued form, one ``--hash`` per line and the comment on the line after them
+    (a comment before a ``\\`` would swallow the hashes)."""
+    first = entry.pin + (f" ; {entry.marker}" if entry.marker else "")
+    if not entry.hashes:
+        return first + (f"  # {comment}" if comment else "")
+    lines = [first, *(f"    --hash={h}" for h in sorted(entry.hashes))]
+    text = " \\\n".join(lines)
+    return text + (f"\n    # {comment}" if comment else "")
 
 
 def read_lock(path: Path) -> list[str]:
@@ -271,16 +366,55 @@ def isolated_pip_env() -> dict[str, str]:
     return env
 
 
+def hash_mode(entries: list[LockEntry], source: str = "lock") -> bool:
+    """Whether pip checks these entries by hash: all of them hashed (True) or none (False).
+
+    pip itself refuses a mix (a hashed line turns hash checking on for every line).
+    """
+    unhashed = [e.pin for e in entries if not e.hashes]
+    if unhashed and len(unhashed) < len(entries):
+        raise BundleError(
+            f"{source} pins {', '.join(unhashed[:5])}{' ...' if len(unhashed) > 5 else ''} without --hash while "
+            "other lines have hashes; add them with tools/lock-profile --hash-only"
+        )
+    return bool(entries) and not unhashed
+
+
 def download(
-    pins: list[str], out: Path, python_version: str | None, platforms: list[str], index_url: str | None = None
+    entries: list[LockEntry],
+    out: Path,
+    python_version: str | None,
+    platforms: list[str],
+    index_url: str | None = None,
+    source: str = "lock",
 ) -> None:
-    """Download every pinned wheel (no dependency resolution: the lock is complete)."""
+    """Download every pinned wheel (no dependency resolution: the lock is complete).
+
+    A hashed lock is downloaded with ``--require-hashes``: pip refuses a file whose sha256
+    the lock does not list (and fetches again a file already in ``out`` whose hash is wrong).
+    """
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--dest", str(out), "--quiet"]
     cmd += target_flags(python_version, platforms)
     if index_url:
         cmd += ["--index-url", index_url]
-    cmd += pins
-    subprocess.run(cmd, check=True)
+    with tempfile.TemporaryDirectory(prefix="build-bundle-") as tmp:
+        if hash_mode(entries, source):
+            # Markers were evaluated for the target already; pip would evaluate them for this interpreter.
+            requirements = Path(tmp) / "requirements.txt"
+            requirements.write_text("".join(e.requirement(marker=False) + "\n" for e in entries))
+            cmd += ["--require-hashes", "-r", str(requirements)]
+        else:
+            cmd += [e.pin for e in entries]
+        done = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    sys.stderr.write(done.stderr)
+    if "DO NOT MATCH THE HASHES" in done.stderr:
+        raise BundleError(
+            f"pip refused wheels whose sha256 is not in {source} (THESE PACKAGES DO NOT MATCH THE HASHES, above): "
+            "the index serves other files than the lock was made from, or the lock has no hash for this "
+            "--python-version/--platform; find out why before refreshing the hashes (tools/lock-profile --hash-only)"
+        )
+    if done.returncode:
+        raise subprocess.CalledProcessError(done.returncode, cmd)
 
 
 def wheel_key(filename: str) -> tuple[str, str]:
@@ -292,14 +426,33 @@ def wheel_key(filename: str) -> tuple[str, str]:
 
 
 def wheels_for(entries: list[LockEntry], wheelhouse: Path) -> list[Path]:
-    """The one wheel file in ``wheelhouse`` for each entry; raise if one is missing."""
-    found: dict[tuple[str, str], Path] = {}
+    """The one wheel file in ``wheelhouse`` for each entry; raise if one is missing.
+
+    For a hashed entry it is the file whose sha256 the lock lists: a wheelhouse that holds
+    only other files for it is refused.
+    """
+    found: dict[tuple[str, str], list[Path]] = {}
     for path in sorted(wheelhouse.glob("*.whl")):
-        found.setdefault(wheel_key(path.name), path)
+        found.setdefault(wheel_key(path.name), []).append(path)
     missing = [e.pin for e in entries if (e.key, e.version) not in found]
     if missing:
         raise BundleError(f"{wheelhouse} lacks wheels for: {', '.join(missing)}")
-    return [found[(e.key, e.version)] for e in entries]
+    chosen: list[Path] = []
+    wrong: list[str] = []
+    for entry in entries:
+        paths = found[(entry.key, entry.version)]
+        if entry.hashes:
+            paths = [p for p in paths if f"sha256:{wheel_sha256(p)}" in entry.hashes]
+            if not paths:
+                wrong += [f"{p.name} (sha256 {wheel_sha256(p)})" for p in found[(entry.key, entry.version)]]
+                continue
+        chosen.append(paths[0])
+    if wrong:
+        raise BundleError(
+            f"{wheelhouse} holds wheels whose sha256 the lock does not list: {', '.join(wrong)}; "
+            "delete them and build the wheelhouse again"
+        )
+    return chosen
 
 
 def sha256_file(path: Path) -> str:
@@ -311,6 +464,17 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)
+def _wheel_sha256(path: Path, size: int, mtime_ns: int) -> str:
+    return sha256_file(path)
+
+
+def wheel_sha256(path: Path) -> str:
+    """Hex sha256 of a wheel, read once per build (wheels_for and write_selection both need it)."""
+    stat = path.stat()
+    return _wheel_sha256(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
 def write_selection(
     out: Path,
     entries: list[LockEntry],
@@ -319,14 +483,15 @@ def write_selection(
     python_version: str | None,
     platforms: list[str],
 ) -> None:
-    """Write ``requirements.txt`` (the exact pins in this wheelhouse) and ``SHA256SUMS``."""
+    """Write ``requirements.txt`` (the exact pins in this wheelhouse, each with the sha256 of
+    its wheel here) and ``SHA256SUMS``."""
     lines = [
         f"# Wheelhouse of {lock.name} for Python {python_version or 'of the builder'} "
         f"{' '.join(platforms) or '(this platform)'}; built by tools/build-bundle.",
-        *(e.pin for e in entries),
+        *(f"{e.pin} --hash=sha256:{wheel_sha256(w)}" for e, w in zip(entries, wheels, strict=True)),
     ]
     (out / "requirements.txt").write_text("\n".join(lines) + "\n")
-    (out / "SHA256SUMS").write_text("".join(f"{sha256_file(w)}  {w.name}\n" for w in wheels))
+    (out / "SHA256SUMS").write_text("".join(f"{wheel_sha256(w)}  {w.name}\n" for w in wheels))
 
 
 # ---------------------------------------------------------------------------------------
@@ -623,7 +788,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         args.out.mkdir(parents=True, exist_ok=True)
         pins = [e.pin for e in chosen]
-        download(pins, args.out, args.python_version, args.platform, args.index_url)
+        download(chosen, args.out, args.python_version, args.platform, args.index_url, str(args.lock))
         wheels = wheels_for(chosen, args.out)
         write_selection(args.out, chosen, wheels, args.lock, args.python_version, args.platform)
         size = sum(w.stat().st_size for w in wheels)

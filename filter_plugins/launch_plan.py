@@ -61,6 +61,7 @@ from launch_plan_common import (  # noqa: E402, F401  (the names callers of laun
     check_setting_types,
     load_flag_table,
 )
+from launch_plan_engines import engine_version as engine_version_facts  # noqa: E402
 from launch_plan_model import model_facts  # noqa: E402
 from launch_plan_rehearsal import plan_transformers  # noqa: E402
 from launch_plan_sglang import plan_sglang  # noqa: E402
@@ -142,6 +143,7 @@ def build_plan(
             ) from None
     facts = model_facts(model_config)
     table = load_flag_table(engine, str(engine_version), table_dir)
+    table.renamed = engine_version_facts(engine, str(engine_version)).renamed_flags
     if weights_bytes is not None and draft_path and draft_weights_bytes:  # the drafter shares the GPUs
         weights_bytes += int(draft_weights_bytes)
     given = PlanInput(

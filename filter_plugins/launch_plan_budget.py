@@ -1,17 +1,22 @@
-"""Memory budget per GPU of an SGLang launch, by SGLang 0.5.11's own rules.
+"""Memory budget per GPU of an SGLang launch, by the SGLang version's own rules (0.5.11's or 0.5.17's).
 
 SGLang sizes its pools once, at start-up, from what is left of the GPU after the weights:
 ``--mem-fraction-static`` of the memory available before the weights load holds the
 weights, the mamba (linear-attention) state slots, the speculative verify buffers and the
 KV cache; the rest is left for activations, CUDA graphs and the speculative draft model,
-which is loaded afterwards and gets a KV pool of the same token count. When the static part
-cannot hold the verify buffers and a KV cache, SGLang stops with ``RuntimeError: Not enough
-memory. Please try to increase --mem-fraction-static.``; when the rest cannot hold the draft,
-it stops with a CUDA out-of-memory error. This module computes all of that offline, from the
-model's ``config.json``, the GPU size, the tensor-parallel size and the weights' size, so the
-launch plan can set ``--mem-fraction-static``, ``--max-running-requests`` and
-``--context-length`` itself and refuse a launch that cannot start. Each rule names the
-SGLang 0.5.11 function it follows (docs/launch-plan.md, "Memory budget").
+which 0.5.11 loads afterwards (0.5.17 before the pools, inside the static part) and which gets
+a KV pool of the same token count. When the static part cannot hold the verify buffers and a
+KV cache, SGLang 0.5.11 stops with ``RuntimeError: Not enough memory. Please try to increase
+--mem-fraction-static.``; 0.5.17 starts with its running requests capped to what its mamba
+slots hold, and stops only when they hold none (``RuntimeError: Not enough GPU memory for
+hybrid (mamba/linear-attention) state cache``). When the rest cannot hold the draft, it stops
+with a CUDA out-of-memory error. This module computes all of that offline, from the model's
+``config.json``, the GPU size, the tensor-parallel size and the weights' size, so the launch
+plan can set ``--mem-fraction-static``, ``--max-running-requests`` and ``--context-length``
+itself, refuse a launch that cannot start or runs fewer requests than the target, and say
+loudly when 0.5.17 will cap what was asked. Each rule names the SGLang function it follows
+(docs/launch-plan.md, "Memory budget"); ``budget_rules`` in launch_plan_engines.json says
+which version's rules a version follows.
 
 The budget is in three parts: the model's shapes (launch_plan_shapes.py), the budget's
 arithmetic and searches (launch_plan_pools.py) and, here, the plan's side: the rules that pick
@@ -43,7 +48,9 @@ except ImportError:  # pragma: no cover - exercised only without ansible-core
 
 # The model's shapes and the budget's arithmetic, importable from here as callers use them.
 from launch_plan_pools import (  # noqa: E402, F401
+    BEFORE_POOLS_0517_GIB,
     CONTEXT_STEP,
+    CUDA_CONTEXT_0517_GIB,
     CUDA_CONTEXT_GIB,
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_MIN_CONTEXT_LENGTH,
@@ -53,16 +60,20 @@ from launch_plan_pools import (  # noqa: E402, F401
     MAMBA_FULL_MEMORY_RATIO,
     MAMBA_SLOTS_PER_REQUEST,
     MIB,
+    RULES,
     SPECULATIVE_MAX_RUNNING,
     Budget,
     Launch,
     PlanError,
+    Rules,
     acceptable,
     activation_reserve_mib,
+    budget_rules,
     compute_budget,
     default_mem_fraction,
     fraction_bounds,
     largest_running,
+    mamba_pool,
     memory_tier,
     piecewise_graph_count,
     slots_per_request,
@@ -194,8 +205,11 @@ def check_weights_fit(
     return f"weights {gib(per_gpu / GIB)} per GPU + {gib(headroom / GIB)} headroom fit"
 
 
-def launch_from_flags(flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: int, weights_bytes: int) -> Launch:
-    """The :class:`Launch` an argv describes (flags SGLang would read; the rest at its defaults)."""
+def launch_from_flags(
+    flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: int, weights_bytes: int, rules: str = "0.5.11"
+) -> Launch:
+    """The :class:`Launch` an argv describes (flags SGLang would read; the rest at its defaults),
+    sized by the budget rules ``rules`` (``budget_rules`` of the engine version)."""
 
     def num(flag: str, kind: Callable[[Any], Any] = int) -> Any:
         return flags.number(flag, kind) if flags.has(flag) else None
@@ -230,6 +244,7 @@ def launch_from_flags(flags: Flags, env: Mapping[str, str], tp: int, gpu_mib: in
         kv_bytes=DTYPE_BYTES.get(model_dtype if kv_dtype == "auto" else kv_dtype, 2),
         conv_bytes=DTYPE_BYTES.get(str(env.get("SGLANG_MAMBA_CONV_DTYPE") or "bfloat16"), 2),
         ssm_bytes=DTYPE_BYTES.get(str(env["SGLANG_MAMBA_SSM_DTYPE"])) if env.get("SGLANG_MAMBA_SSM_DTYPE") else None,
+        rules=rules,
     )
 
 
@@ -243,12 +258,17 @@ def plan_memory(
     settings: Mapping[str, Any],
     env: Mapping[str, str],
     notes: list[str],
+    rules: str = "0.5.11",
 ) -> dict[str, Any]:
     """Set --mem-fraction-static, --max-running-requests and (when the KV cache cannot hold the
     model's context) --context-length from the budget, refuse what cannot start or leaves less than
-    the settings' minimums, add the budget's table to ``notes`` and return it for plan["budget"]."""
+    the settings' minimums, add the budget's table to ``notes`` and return it for plan["budget"].
+
+    ``rules`` names the SGLang version's budget rules (``EngineVersion.budget_rules``): with 0.5.17's,
+    a launch SGLang starts with fewer running requests than asked is kept with a loud note, and refused
+    like any other budget when that leaves fewer than ``target_concurrency``."""
     geo = geometry(config)
-    launch = launch_from_flags(flags, env, tp, gpu_mib, weights_bytes)
+    launch = launch_from_flags(flags, env, tp, gpu_mib, weights_bytes, rules)
     target = settings.get("target_concurrency")
     min_context = settings.get("min_context_length") or DEFAULT_MIN_CONTEXT_LENGTH
     min_source = (
@@ -292,17 +312,19 @@ def _refuse(
     )
     running = f"--max-running-requests {budget.requested_running} ({running_src})"
 
-    def todo(running_key: str) -> str:
+    def todo(running_key: str, fraction_key: str = "mem_fraction_static") -> str:
         """What to change: fewer running requests (when some fit) or a larger fraction (when one does)."""
         best = largest_running(geo, launch, min_context)
         bounds = fraction_bounds(geo, launch, target or 1, min_context)
         options = [f"lower {running_key} to {best}"] if best else []
         options.append(
-            f"raise mem_fraction_static to at least {bounds[0]}"
+            f"raise {fraction_key} to at least {bounds[0]}"
             if bounds
             else "raise tensor_parallel_size or use GPUs with more memory"
         )
         return " or ".join(options)
+
+    rules = budget_rules(budget.rules)
 
     key = (
         "target_concurrency"
@@ -311,6 +333,8 @@ def _refuse(
         if flags.has("--max-running-requests")
         else "inference_server_settings.max_running_requests"
     )
+    if not budget.starts and rules.draft_first:
+        raise PlanError(_cannot_start_loaded_first(budget, geo, frac, running, todo(key, fraction_variable(flags))))
     if not budget.starts:
         left = budget.static_gib - budget.weights_gib
         raise PlanError(
@@ -328,11 +352,24 @@ def _refuse(
             if top
             else "lower mem_fraction_static or raise tensor_parallel_size"
         )
+        draft = (
+            f"the MTP draft's KV cache ({gib(budget.draft_kv_gib)})"
+            if rules.draft_first
+            else f"the MTP draft ({gib(budget.draft_weights_load_gib)} while it loads), its KV cache "
+            f"({gib(budget.draft_kv_gib)})"
+        )
         raise PlanError(
             f"{frac} leaves {gib(budget.free_after_pools_gib)} per GPU beside SGLang's "
-            f"pools, but the MTP draft ({gib(budget.draft_weights_load_gib)} while it loads), its KV cache "
-            f"({gib(budget.draft_kv_gib)}) and SGLang's activation and CUDA-graph estimate "
+            f"pools, but {draft} and SGLang's activation and CUDA-graph estimate "
             f"({gib(budget.activations_gib)}) need {gib(budget.outside_need_gib)}: {change}."
+        )
+    if target is not None and budget.max_running < target and capped_by_mamba(budget):
+        raise PlanError(
+            f"inference_server_settings.target_concurrency is {target}, but the memory budget per GPU "
+            f"({frac}, {running}) holds only {budget.max_running} running "
+            f"requests ({budget.mamba_slots} mamba slots at {budget.slots_per_request} per request), to which "
+            f"SGLang {rules.name} would cap them at start-up instead of refusing to start: "
+            f"{todo('target_concurrency', fraction_variable(flags))}."
         )
     if target is not None and budget.max_running < target:
         raise PlanError(
@@ -361,22 +398,90 @@ def _refuse(
         )
 
 
+def fraction_variable(flags: Flags) -> str:
+    """The variable that sets --mem-fraction-static, as a refusal names it (the settings' key when
+    the plan chose the fraction itself)."""
+    source = flags.source("--mem-fraction-static")
+    return source if source.startswith("inference_server_") else "inference_server_settings.mem_fraction_static"
+
+
+def capped_by_mamba(budget: Budget) -> bool:
+    """SGLang caps the running requests asked to what its mamba slots hold at start-up, and says so
+    (0.5.17's kv_cache_configurator.py ``resolve_max_num_reqs``: "max_running_requests is capped to N
+    by the mamba state cache"); False for rules that refuse or cap silently (0.5.11)."""
+    asked = budget.requested_running
+    return (
+        budget_rules(budget.rules).caps_running
+        and asked is not None
+        and budget.mamba_slots > 0
+        and budget.mamba_cap < min(asked, budget.kv_tokens // 2)
+    )
+
+
+def _cannot_start_loaded_first(budget: Budget, geo: Geometry, frac: str, running: str, todo: str) -> str:
+    """The refusal of a budget that does not start SGLang when the draft loads before the pools
+    (0.5.17), with SGLang's own error in the order it checks: no mamba slot
+    (kv_cache_configurator.py ``_handle_max_mamba_cache``), no KV cache (``_profile_available_bytes``),
+    no running request (``resolve_max_num_reqs``)."""
+    loaded = f"the weights ({gib(budget.weights_gib)})"
+    if budget.draft_weights_load_gib:
+        loaded = (
+            f"the target's weights ({gib(budget.weights_gib)}) and the MTP draft's "
+            f"({gib(budget.draft_weights_load_gib)}), which SGLang {budget.rules} loads before it sizes its pools,"
+        )
+    taken = budget.weights_gib + budget.before_pools_gib
+    if geo.hybrid and budget.mamba_slots <= 0:
+        what = "leave no mamba state slot"
+        error = "RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state cache"
+    elif budget.kv_tokens <= 0:
+        what = "leave no room for the KV cache"
+        error = "ValueError: Loaded weights leave no GPU memory for the KV cache"
+    else:
+        what = (
+            f"leave {budget.mamba_slots} mamba state slots, fewer than the {budget.slots_per_request} one "
+            "running request needs"
+        )
+        error = "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve any requests"
+    return (
+        f"the memory budget per GPU cannot start SGLang {budget.rules}: with {frac} and {running}, {loaded} "
+        f"take {gib(taken)} of the {gib(budget.static_gib)} static pools and {what} (SGLang stops with "
+        f"'{error}'): {todo}."
+    )
+
+
 def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:
-    """The budget as a table, one note per row."""
+    """The budget as a table, one note per row, then what SGLang will do differently from what was asked."""
+    rules = budget_rules(budget.rules)
     mib = budget.mamba_per_request_gib * 1024
+    per_verify = budget.mamba_per_request_gib * budget.draft_tokens
+    verify_for = round(budget.verify_reserved_gib / per_verify) if per_verify else 0
+    verify = (
+        f"verify buffers (capped running + 1 = {verify_for} requests x {budget.draft_tokens} x {mib:.1f} MiB)"
+        if rules.joint_mamba_solve
+        else (
+            f"verify buffers reserved ({budget.requested_running or 0} requests x {budget.draft_tokens} draft tokens "
+            f"x {mib:.1f} MiB)"
+        )
+    )
     rows = [
         ("GPU memory (nvidia-smi) x tensor parallel", f"{gib(budget.gpu_gib)} x {budget.tp}"),
-        (f"available before the weights (- {CUDA_CONTEXT_GIB} GiB CUDA context)", gib(budget.available_gib)),
+        (f"available before the weights (- {rules.cuda_context_gib} GiB CUDA context)", gib(budget.available_gib)),
         (
-            f"--mem-fraction-static (SGLang's default here {budget.default_mem_fraction_static:.3f})",
+            f"--mem-fraction-static (SGLang {rules.name}'s default here {budget.default_mem_fraction_static:.3f})",
             f"{budget.mem_fraction_static:.3f} = {gib(budget.static_gib)} static pools",
         ),
         ("target weights (without the MTP head; + rotary cache)", gib(budget.weights_gib)),
-        (
-            f"verify buffers reserved ({budget.requested_running or 0} requests x {budget.draft_tokens} draft tokens "
-            f"x {mib:.1f} MiB)",
-            gib(budget.verify_reserved_gib),
-        ),
+    ]
+    if rules.draft_first:
+        rows.append(
+            (
+                f"loaded before the pools: MTP draft {gib(budget.draft_weights_load_gib)} + "
+                f"{rules.before_pools_gib:.2f} GiB",
+                gib(budget.before_pools_gib),
+            )
+        )
+    rows += [
+        (verify, gib(budget.verify_reserved_gib)),
         (
             f"mamba state slots ({mib:.1f} MiB each: conv {budget.mamba_conv_bytes / MIB:.1f} + SSM "
             f"{budget.mamba_ssm_bytes / MIB:.1f} MiB)",
@@ -396,16 +501,30 @@ def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:
             f"{budget.context_length}; longest request {budget.longest_request} tokens",
         ),
         (
-            "beside the pools: draft load + draft KV + activations",
+            "beside the pools: draft KV + activations"
+            if rules.draft_first
+            else "beside the pools: draft load + draft KV + activations",
             f"{gib(budget.outside_need_gib)} of {gib(budget.free_after_pools_gib)} free",
         ),
     ]
-    out = ['memory budget per GPU by SGLang 0.5.11\'s rules (docs/launch-plan.md, "Memory budget"), one row per term:']
+    out = [
+        f'memory budget per GPU by SGLang {rules.name}\'s rules (docs/launch-plan.md, "Memory budget"), '
+        "one row per term:"
+    ]
     out += [f"budget | {label:<74} | {value}" for label, value in rows]
-    if budget.requested_running is not None and budget.max_running < budget.requested_running:
+    if capped_by_mamba(budget):
+        out.append(
+            f"WARNING: SGLang {rules.name} will cap --max-running-requests {budget.requested_running} "
+            f"({flags.source('--max-running-requests')}) to {budget.max_running} at start-up instead of refusing "
+            f"to start: its mamba state cache holds {budget.mamba_slots} slots at {budget.slots_per_request} per "
+            f"request (it logs 'max_running_requests is capped to {budget.mamba_cap} by the mamba state cache'); "
+            f"raise {fraction_variable(flags)} or lower --max-running-requests to run what is asked"
+        )
+    elif budget.requested_running is not None and budget.max_running < budget.requested_running:
         out.append(
             f"SGLang will run at most {budget.max_running} of the {budget.requested_running} requests asked "
-            f"({flags.source('--max-running-requests')}): its mamba slots allow no more"
+            f"({flags.source('--max-running-requests')}): its "
+            f"{'KV cache (tokens / 2)' if budget.max_running < budget.mamba_cap else 'mamba slots'} allow no more"
         )
     if not budget.draft_modelled:
         out.append(
@@ -419,7 +538,7 @@ def memory_budget(model_config: Mapping[str, Any], **launch: Any) -> dict[str, A
     """Ansible filter: the budget of one launch (keyword arguments: the fields of :class:`Launch`)."""
     try:
         return compute_budget(geometry(model_config), Launch(**launch)).as_dict()
-    except TypeError as err:
+    except (TypeError, PlanError) as err:  # an unknown keyword, or rules= naming no set of rules
         raise AnsibleFilterError(f"memory_budget: {err}") from None
 
 

@@ -81,10 +81,24 @@ class FlagTable:
     aliases: dict[str, str]
     constants: dict[str, Any]
     note: str | None = None
+    renamed: dict[str, str] = field(default_factory=dict)  # old name -> new, for names the table dropped
 
     def resolve(self, name: str) -> Flag | None:
         """Return the flag for a canonical name or alias, or None when the engine lacks it."""
         return self.flags.get(self.aliases.get(name, name))
+
+    def current(self, name: str) -> str:
+        """The spelling this version wants for a flag the plan names (the plan speaks SGLang 0.5.11's
+        names): an alias becomes its canonical flag, a flag this version renamed (deprecated, with a
+        replacement it has) becomes the replacement, and so does one it dropped after renaming it
+        (``renamed``, from launch_plan_engines.json). An unknown flag stays as it is."""
+        spec = self.resolve(name)
+        if spec is None:
+            new_name = self.renamed.get(name)
+            return self.resolve(new_name).name if new_name and self.resolve(new_name) else name
+        if spec.deprecated and spec.replacement and (new := self.resolve(spec.replacement)) is not None:
+            return new.name
+        return spec.name
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -279,9 +293,12 @@ class FlagSet:
     removed: dict[str, str] = field(default_factory=dict)  # flag -> the override that removed it
 
     def set(self, flag: str, value: Any, source: str) -> None:
-        """Set (or replace in place) a flag, dropping others that write the same dest."""
-        spec = self.table.resolve(flag)
-        name = spec.name if spec else flag
+        """Set (or replace in place) a flag, dropping others that write the same dest.
+
+        Here and in every method below, a flag the engine version renamed is read and written
+        under its new name (``FlagTable.current``), so the plan's rules name flags one way."""
+        name = self.table.current(flag)
+        spec = self.table.resolve(name)
         if spec is not None:
             for other in [f for f in self.values if f != name]:
                 other_spec = self.table.resolve(other)
@@ -293,6 +310,7 @@ class FlagSet:
 
     def remove(self, flag: str, source: str) -> None:
         """Remove a flag (and its aliases) if present, remembering which variable removed it."""
+        flag = self.table.current(flag)
         spec = self.table.resolve(flag)
         self.removed[spec.name if spec else flag] = source
         for name in [f for f in self.values if f == flag or (spec and self.table.resolve(f) == spec)]:
@@ -301,16 +319,16 @@ class FlagSet:
 
     def get(self, flag: str) -> Any:
         """Return the value of a flag or None."""
-        return self.values.get(flag)
+        return self.values.get(self.table.current(flag))
 
     def has(self, flag: str) -> bool:
         """True when the flag is present (a bare flag counts when true; 0 is a value)."""
-        value = self.values.get(flag)
+        value = self.values.get(self.table.current(flag))
         return value is not None and value is not False
 
     def source(self, flag: str) -> str:
         """The variable a flag came from, for messages."""
-        return self.sources.get(flag, "the plan")
+        return self.sources.get(self.table.current(flag), "the plan")
 
     def number(self, flag: str, kind: Callable[[Any], Any] = int, value: Any = None) -> Any:
         """Return a flag's value (or one ``value`` of it) as int/float, refusing what is not a number.
@@ -318,6 +336,7 @@ class FlagSet:
         Flags whose parser type is ``human_readable_int`` (``--context-length``) also accept
         SGLang's suffixes: ``64k`` is 64000, ``64Ki`` is 65536.
         """
+        flag = self.table.current(flag)
         if value is None:
             value = self.values.get(flag)
         if value is None:
@@ -377,6 +396,11 @@ def apply_overrides(flags: FlagSet, overrides: Mapping[str, Any], pinned: Mappin
                 "write flags in full, for example '--mem-fraction-static'."
             )
         spec = flags.table.resolve(given)
+        if spec is None and given in flags.table.renamed:
+            raise PlanError(
+                f"{label}: {flags.table.engine} {flags.table.version} has no flag {given}, which became "
+                f"{flags.table.renamed[given]}: use that name."
+            )
         if spec is None:
             hint = _closest(given, list(flags.table.flags) + list(flags.table.aliases))
             hint = f" (did you mean {hint}? write flags in full)" if hint else ""

@@ -23,6 +23,7 @@ if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
 import launch_plan_budget as budget  # noqa: E402
 import launch_plan_common as common  # noqa: E402
 import launch_plan_draft as draft  # noqa: E402
+import launch_plan_engines as engines  # noqa: E402
 from launch_plan_model import ModelFacts  # noqa: E402
 
 # `sglang serve` exists since 0.5.5; from 0.5.10 `python -m sglang.launch_server` warns.
@@ -121,17 +122,29 @@ def _speculative_rules(flags: common.FlagSet, notes: list[str]) -> None:
 
 
 def _mamba_rules(
-    flags: common.FlagSet, facts: ModelFacts, env: Mapping[str, str], notes: list[str], constants: Mapping[str, Any]
+    flags: common.FlagSet,
+    facts: ModelFacts,
+    env: Mapping[str, str],
+    notes: list[str],
+    constants: Mapping[str, Any],
+    version: engines.EngineVersion,
 ) -> None:
-    """Hybrid + speculative decoding: extra_buffer with the radix cache, and its limits."""
+    """Hybrid + speculative decoding: extra_buffer with the radix cache, and its limits.
+
+    Before 0.5.15 extra_buffer also needs SGLANG_ENABLE_SPEC_V2=1; from 0.5.17 the default strategy
+    (auto) resolves to extra_buffer here (``version``). The strategy flag is named as the version names
+    it (``--mamba-radix-cache-strategy`` from 0.5.15; FlagSet translates the plan's 0.5.11 name)."""
     algo = flags.get("--speculative-algorithm")
-    strategy = flags.get("--mamba-scheduler-strategy") or "auto"
+    strategy_flag = flags.table.current("--mamba-scheduler-strategy")
+    spec_v2_env = "SGLANG_ENABLE_SPEC_V2" not in version.removed_environment
+    with_env = " and SGLANG_ENABLE_SPEC_V2=1" if spec_v2_env else ""
     radix = not flags.has("--disable-radix-cache")
+    overlap = not flags.has("--disable-overlap-schedule")
+    auto = "extra_buffer" if version.auto_strategy_extra_buffer and radix and overlap else "auto"
+    strategy = flags.get("--mamba-scheduler-strategy") or auto
     if not facts.hybrid:
         if flags.has("--mamba-scheduler-strategy"):
-            notes.append(
-                f"--mamba-scheduler-strategy has no effect: {facts.architecture} has no linear-attention layers"
-            )
+            notes.append(f"{strategy_flag} has no effect: {facts.architecture} has no linear-attention layers")
         return
     if strategy == "extra_buffer":
         if not radix:
@@ -143,7 +156,7 @@ def _mamba_rules(
             )
             raise common.PlanError(
                 f"{flags.source('--disable-radix-cache')} disables the radix cache, which SGLang "
-                "refuses together with --mamba-scheduler-strategy extra_buffer, set by "
+                f"refuses together with {strategy_flag} extra_buffer, set by "
                 f"{strategy_source}: {todo}."
             )
         interval = flags.number("--mamba-track-interval")
@@ -182,24 +195,26 @@ def _mamba_rules(
             todo = f"set {source} to extra_buffer" + (
                 " or leave it unset so the plan derives it" if source.startswith("inference_server_settings") else ""
             )
-        elif "--mamba-scheduler-strategy" in flags.removed:
-            todo = (
-                f"remove {flags.removed['--mamba-scheduler-strategy']}, which removes the extra_buffer the plan derived"
-            )
+        elif strategy_flag in flags.removed:
+            todo = f"remove {flags.removed[strategy_flag]}, which removes the extra_buffer the plan derived"
         else:
             todo = (
                 "set speculative_algorithm in inference_server_settings rather than in "
                 "inference_server_overrides so the plan derives extra_buffer, or add "
-                "'--mamba-scheduler-strategy: extra_buffer' to inference_server_overrides"
+                f"'{strategy_flag}: extra_buffer' to inference_server_overrides"
             )
         current = given or "no_buffer (the default auto)"
         raise common.PlanError(
             f"speculative decoding ({flags.source('--speculative-algorithm')}: {algo}) on the hybrid "
-            f"model {facts.architecture} with the radix cache needs --mamba-scheduler-strategy "
-            f"extra_buffer and SGLANG_ENABLE_SPEC_V2=1, not {current}, and SGLang refuses it at "
+            f"model {facts.architecture} with the radix cache needs {strategy_flag} "
+            f"extra_buffer{with_env}, not {current}, and SGLang refuses it at "
             f"start-up: {todo}, or set disable_radix_cache: true in inference_server_settings."
         )
-    if strategy == "extra_buffer" and str(env.get("SGLANG_ENABLE_SPEC_V2", "")).lower() not in ("1", "true"):
+    if (
+        spec_v2_env
+        and strategy == "extra_buffer"
+        and str(env.get("SGLANG_ENABLE_SPEC_V2", "")).lower() not in ("1", "true")
+    ):
         raise common.PlanError(
             "inference_server_environment sets SGLANG_ENABLE_SPEC_V2 to "
             f"{env.get('SGLANG_ENABLE_SPEC_V2')!r}, but speculative decoding with extra_buffer on the "
@@ -209,14 +224,13 @@ def _mamba_rules(
     if strategy == "extra_buffer":
         notes.append(
             f"hybrid model ({facts.linear_layers} of {len(facts.layer_types)} layers linear_attention) "
-            "+ speculative decoding + radix cache: --mamba-scheduler-strategy extra_buffer and "
-            "SGLANG_ENABLE_SPEC_V2=1 (5 mamba state slots per running request with the overlap "
-            "scheduler: see the memory budget)"
+            f"+ speculative decoding + radix cache: {strategy_flag} extra_buffer{with_env} (5 mamba state "
+            "slots per running request with the overlap scheduler: see the memory budget)"
         )
     else:
         notes.append(
             f"hybrid model + speculative decoding with the radix cache disabled "
-            f"(--mamba-scheduler-strategy {strategy}): no prefix caching"
+            f"({strategy_flag} {strategy}): no prefix caching"
         )
 
 
@@ -334,9 +348,18 @@ def plan_sglang(facts: ModelFacts, given: common.PlanInput) -> dict[str, Any]:
     common.check_values(flags)
     draft.apply_draft(flags, notes=notes, error=common.PlanError, **(given.drafter or {}))
     speculative = flags.get("--speculative-algorithm") is not None
+    version = engines.engine_version("sglang", given.engine_version)
+    version.refuse_known_bad(hybrid=facts.hybrid, speculative=speculative, variable="ml_env_lock")
+    notes.append(version.note())
     env = {**common.cache_env("sglang", given.cache_dir), **common.SERVER_ENV}
-    if facts.hybrid and speculative:
+    if facts.hybrid and speculative and "SGLANG_ENABLE_SPEC_V2" not in version.removed_environment:
         env["SGLANG_ENABLE_SPEC_V2"] = "1"
+    for name in version.removed_environment:
+        if given.environment.get(name) is not None:
+            notes.append(
+                f"inference_server_environment sets {name}, which SGLang {given.engine_version} no longer reads: "
+                "remove it"
+            )
     env = common.merge_environment(env, given.environment)
 
     headroom = given.settings.get("gpu_memory_headroom_gib")
@@ -361,7 +384,7 @@ def plan_sglang(facts: ModelFacts, given: common.PlanInput) -> dict[str, Any]:
             "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 is in inference_server_environment)."
         )
     _nextn_rule(flags, facts, notes)
-    _mamba_rules(flags, facts, env, notes, given.table.constants)
+    _mamba_rules(flags, facts, env, notes, given.table.constants, version)
     _speculative_rules(flags, notes)
     memory = None
     if sized is not None:  # the budget sets --mem-fraction-static, --max-running-requests, --context-length
@@ -374,12 +397,12 @@ def plan_sglang(facts: ModelFacts, given: common.PlanInput) -> dict[str, Any]:
             settings=given.settings,
             env=env,
             notes=notes,
+            rules=version.budget_rules,
         )
         _settings_order(flags, added)
 
-    version = common.version_tuple(given.engine_version)
     venv = given.venv_dir.rstrip("/")
-    if version >= SGLANG_SERVE_SINCE:
+    if common.version_tuple(given.engine_version) >= SGLANG_SERVE_SINCE:
         entry = [f"{venv}/bin/sglang", "serve"]
         notes.append(f"entry point: sglang serve (SGLang {given.engine_version} >= 0.5.5)")
     else:

@@ -1,4 +1,4 @@
-"""Memory budget, model part: the shapes of a model that size SGLang 0.5.11's pools.
+"""Memory budget, model part: the shapes of a model that size SGLang's pools (0.5.11's and 0.5.17's alike).
 
 Read from the model's ``config.json`` (nested ``text_config`` or flat): the attention and
 linear-attention (mamba) geometry, one request's mamba state, the KV cache's bytes per token,

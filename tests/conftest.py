@@ -23,6 +23,21 @@ for sub in ("filter_plugins", "tools/lib", "tests/shared"):
     sys.path.insert(0, str(REPO / sub))
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say that the sglang_newest tests did not run (launch_plan/conftest.py deselects them).
+
+    Also under pytest-xdist, whose summary leaves deselected tests out of its counts."""
+    if "sglang_newest" in (config.option.markexpr or ""):
+        return
+    launch_plan = REPO / "tests" / "launch_plan"
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    if any(p == launch_plan or launch_plan in p.parents or p in launch_plan.parents for p in paths):
+        terminalreporter.write_line(
+            "sglang_newest: the tests of the SGLang versions whose check venv make test does not build "
+            "were deselected, not run: make sglang-check-newest runs them"
+        )
+
+
 @pytest.fixture(scope="session")
 def repo() -> Path:
     """The repository root."""

@@ -1,7 +1,8 @@
 """The controller's side of ``bench/realsize`` after the GPU runs: the results.
 
 ``collect`` merges the plan's prediction (``cases.json``) and SGLang's logged figures into
-``bench/results/realsize.json``/``.md`` (and, from the drain run, ``restart_drain.json``);
+``bench/results/realsize.json``/``.md`` (``--name`` for another version's run, e.g.
+``realsize-0.5.17``; and, from the drain run, ``restart_drain.json``);
 ``bakeoff`` writes the bake-off's table (``bench/results/bakeoff_gpu.json``/``.md``).
 ``bench/realsize`` (the executable) parses the command line and calls these.
 """
@@ -11,6 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 from typing import Any
+
+# What collect records as the command when --command does not name the exact ones.
+DEFAULT_COMMAND = (
+    "bench/realsize cases; tools/gpu-acceptance prepare --plan ...; on the GPU machine: "
+    "tools/gpu-acceptance receive/install, bench/realsize device; bench/realsize collect"
+)
 
 
 def ratio(predicted: Any, logged: Any) -> float | None:
@@ -34,22 +41,33 @@ def cmd_collect(args: argparse.Namespace) -> int:
         logged = {k: got["logged"].get(k) for k in ("kv_tokens", "mamba_slots")}
         logged["max_running"] = got["logged"].get("effective_max_running") or got["logged"].get("max_running")
         predicted = case.get("predicted") or {}
-        rows.append(
-            {
-                "name": name,
-                "argv": got["argv"],
-                "plan_refused": case["refused"],
-                "plan_error": case.get("plan_error"),
-                "predicted": predicted,
-                "logged": logged,
-                "ratios": {k: ratio(predicted.get(k), logged.get(k)) for k in logged},
-                "launched": got["launched"],
-                "error": got.get("error"),
-                "ready_s": got.get("ready_s"),
-                "measured": got.get("measured"),
-                "sglang_lines": got["logged"]["lines"],
-            }
-        )
+        row = {
+            "name": name,
+            "argv": got["argv"],
+            "plan_refused": case["refused"],
+            "plan_error": case.get("plan_error"),
+            "predicted": predicted,
+            "logged": logged,
+            "ratios": {k: ratio(predicted.get(k), logged.get(k)) for k in logged},
+            "launched": got["launched"],
+            "error": got.get("error"),
+            "ready_s": got.get("ready_s"),
+            "measured": got.get("measured"),
+            "sglang_lines": got["logged"]["lines"],
+        }
+        # What newer SGLang logs and reports beyond 0.5.11's figures (absent keys: not logged).
+        extra = {
+            "requested_running": _flag(got["argv"], "--max-running-requests"),
+            "logged_max_running_requests": got["logged"].get("scheduler_max_running"),
+            "max_total_num_tokens": got["logged"].get("max_total_num_tokens"),
+            **{k: v for k, v in got["logged"].items() if k.startswith("capped_")},
+            "server_state": (got.get("server_info") or {}).get("state"),
+            "captured": got.get("captured"),
+            "notable_lines": got["logged"].get("notable"),
+        }
+        if device.get("versions"):  # a run that records them (bench/realsize device since 0.5.17's run)
+            row.update({k: v for k, v in extra.items() if v is not None})
+        rows.append(row)
     launched = [r for r in rows if r["launched"]]
     first = launched[0] if launched else {}
     info = (device["cases"].get(first.get("name", ""), {}).get("server_info") or {}).get("args", {})
@@ -65,15 +83,16 @@ def cmd_collect(args: argparse.Namespace) -> int:
         "decode_tps_1": (first.get("measured") or {}).get("single", {}).get("decode_tps"),
         "decode_tps_8": (first.get("measured") or {}).get("streams_8", {}).get("agg_tps"),
         "accept_length": (first.get("measured") or {}).get("single", {}).get("accept_length"),
-        "command": "bench/realsize cases; tools/gpu-acceptance prepare --plan ...; on the GPU machine: "
-        "tools/gpu-acceptance receive/install, bench/realsize device; bench/realsize collect",
+        "command": getattr(args, "run_command", None) or DEFAULT_COMMAND,
     }
+    if device.get("versions"):
+        result["versions"] = device["versions"]
     drain = device.get("drain")
     if drain:
         result["drain"] = {k: v for k, v in drain.items() if k != "old_log"}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "realsize.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "realsize.md").write_text(markdown(result))
+    (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text(markdown(result))
     if drain:
         (args.out / "restart_drain.json").write_text(
             json.dumps(
@@ -170,6 +189,11 @@ def cmd_bakeoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(argv: list[str], name: str) -> int | None:
+    """The integer value of ``name`` in argv (None when absent)."""
+    return int(argv[argv.index(name) + 1]) if name in argv else None
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     """One figure of a case: predicted / logged (ratio)."""
     return f"{row['predicted'].get(key)} / {row['logged'].get(key)} ({row['ratios'].get(key)})"
@@ -195,7 +219,9 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Cold ready {result['cold_ready_s']} s, warm ready {result['warm_ready_s']} s; single stream "
+        f"Cold ready {result['cold_ready_s']} s"
+        + (f", warm ready {result['warm_ready_s']} s" if result["warm_ready_s"] or not result.get("versions") else "")
+        + "; single stream "
         f"{result['decode_tps_1']} tok/s (accept length {result['accept_length']}, random weights), "
         f"8 streams {result['decode_tps_8']} tok/s.",
         "",
@@ -216,7 +242,63 @@ def markdown(result: dict[str, Any]) -> str:
             f"({drain['downtime_s'] / drain['warm_start_s']:.2f}x). bench/results/restart_drain.json.",
             "",
         ]
+    lines += _reported(result)
     for row in result["cases"]:
         if row.get("plan_error"):
             lines += [f"Plan's refusal ({row['name']}): {row['plan_error']}", ""]
     return "\n".join(lines) + "\n"
+
+
+def _memory_usage(usage: Any) -> Any:
+    """``memory_usage`` of ``/server_info`` in one cell: GB figures, CUDA graphs summed (their split
+    and the token capacities are in the JSON)."""
+    if not isinstance(usage, dict):
+        return usage
+    parts = []
+    for key in ("weight", "kvcache", "graph", "startup_available"):
+        value = usage.get(key)
+        if isinstance(value, dict):
+            value = round(sum(v for v in value.values() if isinstance(v, (int, float))), 3)
+        if value is not None:
+            parts.append(f"{key} {value}")
+    return ", ".join(parts)
+
+
+def _reported(result: dict[str, Any]) -> list[str]:
+    """A newer SGLang's own report per case (the cap it logged, /server_info's internal state,
+    decode rates), when the run recorded it; nothing for a 0.5.11 run."""
+    rows = [r for r in result["cases"] if "server_state" in r or "capped_message" in r]
+    if not rows:
+        return []
+    lines = [
+        "What SGLang reported per case (`max_running_requests=` of its start-up line; the cap it logged; "
+        "`/server_info` `internal_states[0]`):",
+        "",
+        "| case | asked | started with | capped to (mamba slots, slots per request) | "
+        "effective_max_running_requests_per_dp | memory_usage (GB) | ready s | 1 stream tok/s | 8 streams tok/s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        state = r.get("server_state") or {}
+        usage_text = _memory_usage(state.get("memory_usage"))
+        capped = (
+            f"{r['capped_to']} ({r['capped_mamba_cache_size']}, {r['capped_slots_per_request']})"
+            if "capped_to" in r
+            else "-"
+        )
+        measured = r.get("measured") or {}
+        lines.append(
+            f"| {r['name']} | {r.get('requested_running')} | {r.get('logged_max_running_requests')} | {capped} | "
+            f"{state.get('effective_max_running_requests_per_dp')} | {usage_text} | {r['ready_s']} | "
+            f"{(measured.get('single') or {}).get('decode_tps')} | {(measured.get('streams_8') or {}).get('agg_tps')} |"
+        )
+    lines.append("")
+    messages = sorted({r["capped_message"].split("] ", 1)[-1] for r in rows if r.get("capped_message")})
+    for message in messages:
+        lines += [f"SGLang's cap, verbatim: `{message}`", ""]
+    if result.get("versions"):
+        lines += [
+            "Versions in the venv: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v) + ".",
+            "",
+        ]
+    return lines

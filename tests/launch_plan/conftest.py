@@ -1,13 +1,19 @@
 """Fixtures of the launch-plan tests (tests/launch_plan: filter_plugins/launch_plan*.py, the engines' own
 checks, the API key, the systemd rendering).
 
-The engine venvs are real: ``sglang_check_venv`` builds ``$DEPLOY_CACHE_DIR/venvs/sglang-check``
-with tools/build-sglang-check-venv (a no-op once built), ``transformers_venv`` uses the CPU
-profile's venv from ``make tools-venv`` and builds it when it is missing. A test that needs
-one of them fails when it cannot be built; it never skips.
+The engine venvs are real: ``sglang_check_venv`` builds ``$DEPLOY_CACHE_DIR/venvs/sglang-check-0.5.11``
+(the version ct129 runs) with tools/build-sglang-check-venv (a no-op once built), ``sglang_venv``
+is the check venv of each SGLang version with a lock, one test per version, and
+``transformers_venv`` uses the CPU profile's venv from ``make tools-venv`` and builds it when it is
+missing. A test that needs one of them fails when it cannot be built; it never skips.
 
-The check venv's inputs, tests/locks/sglang-check.txt and tests/sglang_check/, stay at the top of
-tests/: tools/build-sglang-check-venv reads them there, and its stamp hashes the script itself.
+Versions: the ones tools/build-sglang-check-venv builds by default (SGLANG_CHECK_VERSIONS, which
+make test checks) run always; the others (SGLANG_NEWEST_VERSIONS: 0.5.23, whose venv make test
+does not build) carry the marker ``sglang_newest`` and are deselected (reported as deselected,
+never as passed) unless ``-m`` names the marker, as ``make sglang-check-newest`` does.
+
+The check venvs' inputs, tests/locks/sglang-check-VERSION.txt and tests/sglang_check/, stay at the
+top of tests/: tools/build-sglang-check-venv reads them there, and its stamp hashes the script itself.
 """
 
 from __future__ import annotations
@@ -19,12 +25,44 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-from launch_plan_cases import CHECK_SCRIPT, QWEN_CONFIG, REPO, TINY_CONFIG, cache_dir, load_yaml
+from launch_plan_cases import (
+    BUILD_CHECK_VENV,
+    CHECK_SCRIPT,
+    QWEN_CONFIG,
+    REPO,
+    SGLANG_CHECK_VERSIONS,
+    SGLANG_NEWEST_VERSIONS,
+    TINY_CONFIG,
+    cache_dir,
+    load_yaml,
+)
+
+NEWEST_MARKER = "sglang_newest"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker of the tests that need a check venv make test does not build."""
+    config.addinivalue_line(
+        "markers",
+        f"{NEWEST_MARKER}: needs the check venv of an SGLang version make test does not build "
+        "(SGLANG_NEWEST_VERSIONS); deselected unless -m names it (make sglang-check-newest)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the sglang_newest tests unless ``-m`` names the marker: deselected, not skipped or passed."""
+    if NEWEST_MARKER in (config.option.markexpr or ""):
+        return
+    dropped = [item for item in items if item.get_closest_marker(NEWEST_MARKER)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker(NEWEST_MARKER)]
 
 
 @pytest.fixture(scope="session")
@@ -82,16 +120,39 @@ def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
 
 
-@pytest.fixture(scope="session")
-def sglang_check_venv() -> Path:
-    """The venv with real SGLang 0.5.11 (built once, then cached)."""
-    proc = _run(
-        [str(REPO / "tools" / "build-sglang-check-venv")], env={**os.environ, "DEPLOY_CACHE_DIR": str(cache_dir())}
-    )
-    assert proc.returncode == 0, f"tools/build-sglang-check-venv failed:\n{proc.stdout}\n{proc.stderr}"
-    venv = cache_dir() / "venvs" / "sglang-check"
+def build_sglang_check_venv(version: str) -> Path:
+    """The check venv with real SGLang ``version`` (built once by tools/build-sglang-check-venv, then cached)."""
+    proc = _run([str(BUILD_CHECK_VENV), version], env={**os.environ, "DEPLOY_CACHE_DIR": str(cache_dir())})
+    assert proc.returncode == 0, f"tools/build-sglang-check-venv {version} failed:\n{proc.stdout}\n{proc.stderr}"
+    venv = cache_dir() / "venvs" / f"sglang-check-{version}"
     assert (venv / "bin" / "python").exists()
     return venv
+
+
+@dataclass(frozen=True)
+class SGLangVenv:
+    """One SGLang version's check venv."""
+
+    version: str
+    path: Path
+
+
+@pytest.fixture(scope="session")
+def sglang_check_venv() -> Path:
+    """The venv with real SGLang 0.5.11, the version ct129 runs (built once, then cached)."""
+    return build_sglang_check_venv("0.5.11")
+
+
+@pytest.fixture(
+    scope="session",
+    params=[
+        *SGLANG_CHECK_VERSIONS,
+        *(pytest.param(v, marks=getattr(pytest.mark, NEWEST_MARKER)) for v in SGLANG_NEWEST_VERSIONS),
+    ],
+)
+def sglang_venv(request: pytest.FixtureRequest) -> SGLangVenv:
+    """The check venv of every SGLang version with a lock, one test per version (its id is the version)."""
+    return SGLangVenv(request.param, build_sglang_check_venv(request.param))
 
 
 @pytest.fixture(scope="session")
@@ -128,6 +189,26 @@ def run_check() -> CheckRunner:
         return proc.returncode, json.loads(lines[0])
 
     return run
+
+
+@pytest.fixture()
+def plan_for(
+    launch_plan: ModuleType, ct129_kwargs: dict[str, Any], model_dir: Callable[..., Path]
+) -> Callable[..., Any]:
+    """The ct129 plan, with the check venv as its venv and a directory holding the real config.json.
+
+    ``plan_for(venv, config=None, **changes)``: the plan is for the SGLang version of the check venv
+    (``.../sglang-check-VERSION``) unless ``engine_version`` is among the changes.
+    """
+
+    def make(venv: Path, config: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
+        config = config or json.loads(QWEN_CONFIG.read_text())
+        if Path(venv).name.startswith("sglang-check-"):
+            changes.setdefault("engine_version", Path(venv).name.removeprefix("sglang-check-"))
+        kwargs = dict(ct129_kwargs, venv_dir=str(venv), model_path=str(model_dir(config)), **changes)
+        return launch_plan.build_plan(config, **kwargs)
+
+    return make
 
 
 @pytest.fixture()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,31 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK_SCRIPT = REPO / "roles" / "inference_server" / "files" / "check-launch-args.py"
+BUILD_CHECK_VENV = REPO / "tools" / "build-sglang-check-venv"
+FLAG_TABLES = REPO / "filter_plugins" / "launch_plan_flags"
+
+
+def _default_check_versions() -> tuple[str, ...]:
+    """The SGLang versions make test checks: tools/build-sglang-check-venv's ``default_versions=(...)``."""
+    match = re.search(r"^default_versions=\(([^)]*)\)$", BUILD_CHECK_VENV.read_text(), re.MULTILINE)
+    assert match, f"{BUILD_CHECK_VENV} has no default_versions=(...) line"
+    return tuple(match.group(1).split())
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+# Every SGLang version with a check venv lock (tests/locks/sglang-check-VERSION.txt); make test
+# checks SGLANG_CHECK_VERSIONS, `make sglang-check-newest` the rest (pytest marker sglang_newest).
+SGLANG_LOCKED_VERSIONS = tuple(
+    sorted(
+        (p.stem.removeprefix("sglang-check-") for p in (REPO / "tests" / "locks").glob("sglang-check-*.txt")),
+        key=_version_key,
+    )
+)
+SGLANG_CHECK_VERSIONS = _default_check_versions()
+SGLANG_NEWEST_VERSIONS = tuple(v for v in SGLANG_LOCKED_VERSIONS if v not in SGLANG_CHECK_VERSIONS)
 QWEN_CONFIG = REPO / "files" / "models" / "qwen3.6-27b.config.json"
 TINY_CONFIG = REPO / "tests" / "launch_plan" / "fixtures" / "tiny-qwen3.5-flat.config.json"
 

@@ -1,4 +1,6 @@
 """The engines' own checks, run for real: SGLang 0.5.11 (check venv) and transformers serve.
+The committed flag table of every SGLang version is its own parser's (test_sglang_versions.py
+runs the plan through each version's parser and validation).
 
 On this CPU-only machine SGLang's validation runs up to the first GPU-only check. With the
 hybrid-model flags that is ``assert is_cuda() or is_musa()`` in
@@ -18,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launch_plan_cases import CHECK_SCRIPT, ORIGIN_FLAGS, ORIGIN_OVERRIDES, ORIGIN_REFUSAL, QWEN_CONFIG, REPO, cache_dir
+from launch_plan_cases import (
+    CHECK_SCRIPT,
+    FLAG_TABLES,
+    ORIGIN_FLAGS,
+    ORIGIN_OVERRIDES,
+    ORIGIN_REFUSAL,
+    QWEN_CONFIG,
+    REPO,
+    cache_dir,
+)
 
 SGLANG_RADIX_ERROR = (
     "Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix cache when using "
@@ -39,26 +50,26 @@ def dump_flags(venv: Path, engine: str) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-@pytest.fixture()
-def plan_for(launch_plan, ct129_kwargs, model_dir):
-    """The ct129 plan, with the check venv as its venv and a directory holding the real config.json."""
-
-    def make(venv: Path, config: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
-        config = config or json.loads(QWEN_CONFIG.read_text())
-        kwargs = dict(ct129_kwargs, venv_dir=str(venv), model_path=str(model_dir(config)), **changes)
-        return launch_plan.build_plan(config, **kwargs)
-
-    return make
-
-
 # --------------------------------------------------------------------------------------
 # The committed flag tables are the engines' real parsers
 # --------------------------------------------------------------------------------------
 
 
-def test_sglang_flag_table_is_sglangs_own_parser(sglang_check_venv):
-    committed = json.loads((REPO / "filter_plugins" / "launch_plan_flags" / "sglang-0.5.11.json").read_text())
-    assert dump_flags(sglang_check_venv, "sglang") == committed
+def test_sglang_flag_table_is_sglangs_own_parser(sglang_venv):
+    """Each version's committed table is what its parser dumps (tools/build-sglang-check-venv --dump-flags)."""
+    committed = (FLAG_TABLES / f"sglang-{sglang_venv.version}.json").read_text()
+    proc = subprocess.run(
+        [str(sglang_venv.path / "bin" / "python"), str(CHECK_SCRIPT), "--engine", "sglang", "--dump-flags"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["version"] == sglang_venv.version
+    assert proc.stdout == committed, (
+        f"filter_plugins/launch_plan_flags/sglang-{sglang_venv.version}.json is not SGLang's parser: "
+        f"regenerate it with tools/build-sglang-check-venv --dump-flags {sglang_venv.version}"
+    )
 
 
 def test_transformers_flag_table_is_transformers_serve(transformers_venv):

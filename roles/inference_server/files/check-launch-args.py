@@ -11,7 +11,12 @@ after ``--``:
 
 sglang: ``sglang.srt.server_args.prepare_server_args(argv)`` (parser, then every check of
 ``ServerArgs.__post_init__``, which reads the model's config.json), then
-``ServerArgs.check_server_args()`` (what the engine runs next at launch).
+``ServerArgs.check_server_args()`` (what the engine runs next at launch). From SGLang 0.5.19 on
+(sglang #35907, #36255) constructing ``ServerArgs`` only records the input: the server resolves
+derived values and runs the model checks in ``ServerArgs.resolve_once()`` (``sglang serve`` ->
+``launch_server.run_server``, again in ``Engine._launch_subprocesses`` before
+``check_server_args()``), so this script calls ``resolve_once()`` in between wherever ServerArgs
+has it, and reports the resolved values as ``ServerArgs.resolved_dict()`` has them.
 transformers: the ``transformers serve`` click command parses the argv without running it,
 then the model directory's config is loaded with ``AutoConfig`` and the device and dtype
 are checked.
@@ -81,6 +86,18 @@ SGLANG_RESOLVED = (
     "disable_overlap_schedule",
     "served_model_name",
 )
+# Reported as well where the version's ServerArgs has them (0.5.17 renamed
+# mamba_scheduler_strategy and cuda_graph_max_bs; the mamba pool's size moved the capacity).
+SGLANG_RESOLVED_IF_PRESENT = (
+    "mamba_radix_cache_strategy",
+    "cuda_graph_max_bs_decode",
+    "max_mamba_cache_size",
+    "mamba_full_memory_ratio",
+)
+# The function whose steps a GPU-only stop leaves unrun: the resolution pipeline (0.5.19 on,
+# each step called as ``run_hook(handle_x, server_args)``), else ``ServerArgs.__post_init__``
+# (each step a ``self._handle_x()`` call).
+RESOLUTION_FUNCTIONS = ("run_resolution_pipeline", "__post_init__")
 
 
 class Tee(io.TextIOBase):
@@ -148,22 +165,54 @@ def statement_at(filename: str, lineno: int) -> ast.stmt | None:
     return best
 
 
+def names_in(node: ast.AST) -> set[str]:
+    """Every plain name and attribute name used in ``node``."""
+    names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return names | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
 def device_assertion(frame: traceback.FrameSummary | None) -> str | None:
-    """Return the source of the assertion at ``frame`` if it tests the device, else None."""
+    """Return the source of the assertion at ``frame`` if it tests the device, else None.
+
+    The assertion tests the device when it names a device predicate itself (``assert is_cuda()
+    or is_musa()``, 0.5.11) or calls a function of the same module that does (``assert
+    _platform_supports_mamba_cache_extra_buffer()``, whose body reads ``platform.is_cuda``, 0.5.23).
+    """
     if frame is None or frame.lineno is None:
         return None
     stmt = statement_at(frame.filename, frame.lineno)
     if not isinstance(stmt, ast.Assert):
         return None
-    names = {n.id for n in ast.walk(stmt.test) if isinstance(n, ast.Name)}
-    names |= {n.attr for n in ast.walk(stmt.test) if isinstance(n, ast.Attribute)}
+    names = names_in(stmt.test)
     if names & DEVICE_PREDICATES:
         return ast.unparse(stmt.test)
+    called = {n.func.id for n in ast.walk(stmt.test) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    if called:
+        tree = ast.parse(Path(frame.filename).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name in called and names_in(node) & DEVICE_PREDICATES:
+                return ast.unparse(stmt.test)
+    return None
+
+
+def resolution_function(exc: BaseException) -> str:
+    """The engine function that runs the resolution steps in ``exc``'s traceback (see RESOLUTION_FUNCTIONS)."""
+    names = {f.name for f in traceback.extract_tb(exc.__traceback__)}
+    return next((name for name in RESOLUTION_FUNCTIONS if name in names), RESOLUTION_FUNCTIONS[-1])
+
+
+def step_name(call: ast.Call) -> str | None:
+    """``_handle_x`` for ``self._handle_x(...)``, ``handle_x`` for ``run_hook(handle_x, ...)``, else None."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
+        return func.attr
+    if isinstance(func, ast.Name) and func.id == "run_hook" and call.args and isinstance(call.args[0], ast.Name):
+        return call.args[0].id
     return None
 
 
 def later_steps(exc: BaseException, function: str = "__post_init__") -> list[str]:
-    """The ``self._handle_*()`` steps of ``function`` that come after where it stopped."""
+    """The steps of ``function`` (``self._handle_*()`` or ``run_hook(handle_*, ...)``) after where it stopped."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.name == function]
     stopped = frames[-1].lineno if frames else None
     if stopped is None:
@@ -173,14 +222,9 @@ def later_steps(exc: BaseException, function: str = "__post_init__") -> list[str
         if isinstance(node, ast.FunctionDef) and node.name == function:
             steps: list[tuple[int, str]] = []
             for call in ast.walk(node):
-                if (
-                    isinstance(call, ast.Call)
-                    and isinstance(call.func, ast.Attribute)
-                    and isinstance(call.func.value, ast.Name)
-                    and call.func.value.id == "self"
-                    and call.lineno > stopped
-                ):
-                    steps.append((call.lineno, call.func.attr))
+                name = step_name(call) if isinstance(call, ast.Call) and call.lineno > stopped else None
+                if name is not None:
+                    steps.append((call.lineno, name))
             return [name for _, name in sorted(steps)]
     return []
 
@@ -191,7 +235,8 @@ def unfinished(exc: BaseException, package: str, function: str = "__post_init__"
     names = [f.name for f in frames]
     if function in names:
         frames = frames[len(names) - names[::-1].index(function) :]
-    return [f.name for f in reversed(frames)]
+    # run_hook only calls the step (a plugin may replace it): it has no rest of its own.
+    return [f.name for f in reversed(frames) if f.name != "run_hook"]
 
 
 def where(frame: traceback.FrameSummary | None, package: str) -> str | None:
@@ -244,12 +289,39 @@ def check_entry_point(argv: Sequence[str], engine: str) -> tuple[list[str], str 
 # --------------------------------------------------------------------------------------
 
 
+def fla_chunk_size(server_args_module: Any) -> int:
+    """The FLA chunk size SGLang's mamba checks use.
+
+    ``server_args.FLA_CHUNK_SIZE`` where server_args imports it (0.5.11 from
+    ``sglang.srt.layers.attention.fla``, 0.5.17 from ``sglang.kernels.ops.attention.fla``); from
+    0.5.19 on ``mamba_cache_chunk_size`` in ``sglang.srt.arg_groups.overrides`` imports it itself,
+    from ``sglang.kernels.ops.attention.fla.chunk_delta_h``.
+    """
+    value = getattr(server_args_module, "FLA_CHUNK_SIZE", None)
+    if value is None:
+        from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE as value
+    return int(value)
+
+
+def field_default(server_args_class: type, name: str) -> Any:
+    """A ServerArgs field's default: the dataclass's class attribute (0.5.11, 0.5.17), or the
+    msgspec Struct's field default from 0.5.19 on (its class attributes are slot descriptors)."""
+    import inspect
+
+    default = getattr(server_args_class, name)
+    if inspect.ismemberdescriptor(default):
+        import msgspec
+
+        default = next(f.default for f in msgspec.structs.fields(server_args_class) if f.name == name)
+    return default
+
+
 def sglang_flag_table() -> dict[str, Any]:
     """Every option of SGLang's real parser (``ServerArgs.add_cli_args``), as the filter reads it."""
     import argparse as ap
 
     import sglang
-    from sglang.srt.layers.attention.fla.chunk_delta_h import CHUNK_SIZE
+    import sglang.srt.server_args as server_args_module
     from sglang.srt.server_args import ServerArgs
 
     parser = ap.ArgumentParser(prog="sglang serve")
@@ -287,16 +359,35 @@ def sglang_flag_table() -> dict[str, Any]:
                 "takes": takes,
                 "type": type_name if takes != "none" else None,
                 "choices": sorted(str(c) for c in action.choices) if action.choices is not None else None,
-                "deprecated": kind in ("DeprecatedAction", "DeprecatedStoreTrueAction"),
+                # SGLang's own Deprecated*Action classes (DeprecatedAliasStoreAction and
+                # DeprecatedStoreConstAction came after 0.5.11); new_flag names the replacement.
+                "deprecated": kind.startswith("Deprecated"),
                 "replacement": getattr(action, "new_flag", None),
             }
     return {
         "engine": "sglang",
         "version": sglang.__version__,
         "source": "sglang.srt.server_args.ServerArgs.add_cli_args",
-        "constants": {"fla_chunk_size": CHUNK_SIZE, "mamba_track_interval_default": ServerArgs.mamba_track_interval},
+        "constants": {
+            "fla_chunk_size": fla_chunk_size(server_args_module),
+            "mamba_track_interval_default": field_default(ServerArgs, "mamba_track_interval"),
+        },
         "flags": dict(sorted(flags.items())),
     }
+
+
+def sglang_resolved(server_args: Any) -> dict[str, Any]:
+    """The values worth reporting, as resolved (``resolved_dict()`` from 0.5.19 on, else the fields)."""
+    values = server_args.resolved_dict() if callable(getattr(server_args, "resolved_dict", None)) else None
+    if values is None:
+        values = {
+            k: getattr(server_args, k)
+            for k in (*SGLANG_RESOLVED, *SGLANG_RESOLVED_IF_PRESENT)
+            if hasattr(server_args, k)
+        }
+    resolved = {k: values.get(k) for k in SGLANG_RESOLVED}
+    resolved.update({k: values[k] for k in SGLANG_RESOLVED_IF_PRESENT if k in values})
+    return resolved
 
 
 def check_sglang(args: list[str], gpus: int) -> int:
@@ -341,6 +432,11 @@ def check_sglang(args: list[str], gpus: int) -> int:
         stage = "prepare_server_args"
         try:
             server_args = prepare_server_args(args)
+            # 0.5.19 and later: what the server calls after parsing, before check_server_args().
+            resolve = getattr(server_args, "resolve_once", None)
+            if callable(resolve):
+                stage = "resolve_once"
+                resolve()
             stage = "check_server_args"
             server_args.check_server_args()
         except SystemExit as exc:
@@ -360,7 +456,10 @@ def check_sglang(args: list[str], gpus: int) -> int:
             frame = engine_frame(exc, "sglang")
             assertion = device_assertion(frame)
             if assertion is not None and not cuda:
-                skipped = [f"the rest of {name}" for name in unfinished(exc, "sglang")] + later_steps(exc)
+                function = resolution_function(exc)
+                skipped = [f"the rest of {name}" for name in unfinished(exc, "sglang", function)] + later_steps(
+                    exc, function
+                )
                 message = (
                     f"SGLang's validation passed everything a host without a GPU can check, up to "
                     f"`assert {assertion}` at {where(frame, 'sglang')} ({exc}), which needs a CUDA "
@@ -389,7 +488,7 @@ def check_sglang(args: list[str], gpus: int) -> int:
                 notes=notes,
                 **facts,
             )
-    resolved = {k: getattr(server_args, k, None) for k in SGLANG_RESOLVED}
+    resolved = sglang_resolved(server_args)
     return result(
         PASSED, "sglang", "SGLang's parser and validation accepted the plan", resolved=resolved, notes=notes, **facts
     )

@@ -50,6 +50,10 @@ NOT_NEEDED = """
 flashinfer-cubin flash-attn-4 quack-kernels llguidance outlines modelscope kernels mistral-common
 anthropic blobfile torchcodec smg-grpc-servicer py-spy cuda-python
 """.split()
+# Pulled in by SGLang 0.5.17 (not in 0.5.11's lock) and never imported while it starts and serves
+# Qwen3.6-27B on an H200 (shared/facts/sglang-versions.md; bench/results/realsize-0.5.17.md): left
+# out as above, with what only they need (nvidia-mathdx is IMAGE_PROVIDED's nvidia-*).
+NOT_NEEDED += "helion humming-kernels tilelang tokenspeed-mla zstandard nccl4py".split()
 # Carried although the image has another version, or although no declared dependency
 # leads to them: sglang pins transformers 5.6.0 (needs tokenizers <= 0.23.0) and imports
 # dill and jsonschema without declaring them; tvm-ffi uses torch-c-dlpack-ext.

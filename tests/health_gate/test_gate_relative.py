@@ -122,6 +122,7 @@ def test_a_report_gives_the_baseline_the_next_deploy_compares_with():
         "timestamp": "t",
         "aggregate": {"decode_tps_mean": 41.0, "ttft_p95_s": 0.4},
         "speculative": {"accept_length": 2.1},
+        "capacity": {"effective_max_running_requests": 4, "requested": 4},
         "settings": {"requests": 8, "concurrency": 1, "max_tokens": 256, "prompts": ["a", "b"]},
     }
     assert llm_gate.baseline_of(report) == {
@@ -129,6 +130,7 @@ def test_a_report_gives_the_baseline_the_next_deploy_compares_with():
         "decode_tps_mean": 41.0,
         "ttft_p95_s": 0.4,
         "accept_length": 2.1,
+        "effective_max_running_requests": 4,
         "timestamp": "t",
         "requests": 8,
         "concurrency": 1,

@@ -29,11 +29,14 @@ description:
   - "B(SGLang): the engine is detected through C(/server_info) (or C(/get_server_info));
     the report then carries the server version, the speculative settings and the MTP
     accept length (C(internal_states[0].avg_spec_accept_length), else a C(/generate) call's
-    C(meta_info.spec_accept_length))."
+    C(meta_info.spec_accept_length)) and, as C(capacity), how many requests its scheduler runs
+    at once (C(internal_states[0].effective_max_running_requests_per_dp), read after the
+    measurement, beside the C(max_running_requests) asked for)."
   - "B(Verdict): mean decode tok/s >= O(min_decode_tps), TTFT p95 <= O(max_ttft_s),
-    accept length >= O(min_accept_length) (only when the engine reports one). A threshold
-    of 0 disables its check. With O(baseline) and O(max_regression_pct), the same figures
-    must also be within that many percent of the last-known-good's (the relative gate)."
+    accept length >= O(min_accept_length), running requests >= O(min_running_requests) (the
+    last two only when the engine reports them). A threshold of 0 disables its check. With
+    O(baseline) and O(max_regression_pct), the same figures must also be within that many
+    percent of the last-known-good's (the relative gate); the running requests must not drop at all."
   - "B(Report): a JSON report (also for a failed gate) is written to O(report_dir) as
     C(<UTC timestamp>.json) plus C(latest.json); the history is pruned to O(keep_reports).
     The module always returns C(changed=false): reports are logs, not configuration."
@@ -128,11 +131,22 @@ options:
       - 0 disables the check.
     type: float
     default: 0
+  min_running_requests:
+    description:
+      - Minimum number of requests the server runs at once, by its own scheduler
+        (SGLang's C(/server_info) C(internal_states[0].effective_max_running_requests_per_dp), read
+        after the measurement). SGLang 0.5.17 starts even when its mamba state cache cannot hold
+        C(--max-running-requests) and caps it, down to 1; a gate of one stream at a time cannot see that.
+      - Applied only when the engine reports the figure; otherwise the check is listed with
+        C(ok) null and a C(not applied) note. 0 disables the check.
+    type: int
+    default: 0
   baseline:
     description:
       - "The last-known-good's gate figures, for the relative gate: C(decode_tps_mean), C(ttft_p95_s),
-        C(accept_length), the C(unit_sha256) they were measured on and the measurement (C(requests),
-        C(concurrency), C(max_tokens), C(prompts)); what the role records in last-known-good."
+        C(accept_length), C(effective_max_running_requests), the C(unit_sha256) they were measured on
+        and the measurement (C(requests), C(concurrency), C(max_tokens), C(prompts)); what the role
+        records in last-known-good."
       - Compared only when O(max_regression_pct) is above 0, the unit differs from the baseline's
         (C(metadata.unit_sha256)) and the measurement is the same; the report says why not otherwise.
     type: dict
@@ -140,6 +154,8 @@ options:
     description:
       - Fail when decode tok/s or the accept length is lower, or TTFT p95 higher, than the
         O(baseline)'s by more than this many percent. 0 disables the relative gate.
+      - With the relative gate on, fewer running requests at once than the O(baseline)'s
+        C(effective_max_running_requests) fail by any amount.
     type: float
     default: 0
   regression_min_ttft_delta_s:
@@ -186,6 +202,7 @@ EXAMPLES = r"""
     min_decode_tps: 40
     max_ttft_s: 3.0
     min_accept_length: 1.5
+    min_running_requests: 4
     report_dir: /var/lib/inference-server/gate
     metadata:
       model_revision: "{{ model_sync_revision }}"
@@ -212,7 +229,9 @@ summary:
   description: One human line.
   returned: always (after the options were accepted)
   type: str
-  sample: "gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), 8 requests"
+  sample: >-
+    gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5),
+    max running 4 (min 4), 8 requests
 report_path:
   description:
     - Path of the stored report.
@@ -224,7 +243,7 @@ report:
   description:
     - The full report. Keys include C(schema), C(timestamp), C(host), C(url), C(engine), C(version),
       C(model), C(settings), C(thresholds), C(readiness), C(server), C(warmup), C(requests) (per request),
-      C(aggregate), C(speculative), C(checks), C(passed), C(phase), C(reasons), C(evidence), C(unit),
+      C(aggregate), C(speculative), C(capacity), C(checks), C(passed), C(phase), C(reasons), C(evidence), C(unit),
       C(metadata), C(summary), C(duration_s).
   returned: always (after the options were accepted)
   type: dict
@@ -248,6 +267,18 @@ report:
       type: dict
       returned: when the measurement ran
       sample: {accept_length: 2.1, source: "server_info.internal_states[0].avg_spec_accept_length"}
+    capacity:
+      description:
+        - How many requests the server runs at once by its scheduler (C(effective_max_running_requests),
+          null when the engine reports none, with a C(note) saying why), the C(requested)
+          C(max_running_requests) and the C(source).
+      type: dict
+      returned: when the measurement ran
+      sample:
+        effective_max_running_requests: 4
+        requested: 4
+        source: "server_info.internal_states[0].effective_max_running_requests_per_dp"
+        note: null
     evidence:
       description:
         - On a unit failure, its state and the journal of this start.
@@ -293,6 +324,7 @@ NUMBER_OPTIONS = {
         "requests",
         "concurrency",
         "max_tokens",
+        "min_running_requests",
         "journal_max_lines",
         "journal_max_bytes",
         "keep_reports",

@@ -22,11 +22,14 @@ What a gate run does, in order (:func:`run_gate`):
    configurable concurrency. Per request: TTFT, inter-chunk latency, decode tokens/s
    = (completion_tokens - 1) / (t_last_token - t_first_token), end-to-end latency.
    Token counts come from the server's ``usage``, never from chunk counts.
-4. **Speculative decoding** (SGLang): the MTP accept length from ``/server_info``
-   ``internal_states[0].avg_spec_accept_length``, else from a ``/generate`` call's
-   ``meta_info.spec_accept_length``.
+4. **Speculative decoding and capacity** (SGLang, one more ``/server_info`` read): the MTP
+   accept length from ``internal_states[0].avg_spec_accept_length``, else from a
+   ``/generate`` call's ``meta_info.spec_accept_length``; the requests the scheduler runs at
+   once from ``internal_states[0].effective_max_running_requests_per_dp`` (SGLang 0.5.17
+   starts with it capped below ``--max-running-requests`` when the mamba state cache is small).
 5. **Verdict.** Mean decode tok/s >= ``min_decode_tps``, TTFT p95 <= ``max_ttft_s``,
-   accept length >= ``min_accept_length`` (only when the engine reports one).
+   accept length >= ``min_accept_length`` and running requests >= ``min_running_requests``
+   (each of the last two only when the engine reports it).
 
 The result is one JSON-serialisable report (:func:`run_gate` never raises for a failed
 gate, only :class:`GateUsageError` for bad options); :func:`store_report` keeps it on
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 from .client import BODY_QUOTE_CHARS, Endpoint, quote_body
 from .config import (
+    BASELINE_COUNTS,
     BASELINE_FIGURES,
     BASELINE_SETTINGS,
     DEFAULTS,
@@ -56,9 +60,12 @@ from .config import (
     variable_problems,
 )
 from .discovery import (
+    CAPACITY_KEY,
+    CAPACITY_SOURCE,
     SERVER_INFO_KEYS,
     SERVER_INFO_PATHS,
     accept_length_from_info,
+    capacity_from_info,
     generate_accept_length,
     get_server_info,
     list_models,
@@ -73,7 +80,7 @@ from .redaction import redact, redact_text
 from .report import REPORT_NAME_RE, store_report, utc_now
 from .stats import aggregate, decode_tps, percentile
 from .streaming import CHAT_PATH, RequestResult, run_requests, stream_chat
-from .verdict import baseline_of, compare_baseline, evaluate, failure_message, summary_line
+from .verdict import baseline_of, capacity_reason, compare_baseline, evaluate, failure_message, summary_line
 from .watchers import (
     CLD_CODES,
     EXCEPTION_RE,
@@ -87,9 +94,12 @@ from .watchers import (
 )
 
 __all__ = [
+    "BASELINE_COUNTS",
     "BASELINE_FIGURES",
     "BASELINE_SETTINGS",
     "BODY_QUOTE_CHARS",
+    "CAPACITY_KEY",
+    "CAPACITY_SOURCE",
     "CHAT_PATH",
     "CLD_CODES",
     "DEFAULTS",
@@ -121,6 +131,8 @@ __all__ = [
     "aggregate",
     "baseline_of",
     "cap_lines",
+    "capacity_from_info",
+    "capacity_reason",
     "compare_baseline",
     "decode_tps",
     "evaluate",

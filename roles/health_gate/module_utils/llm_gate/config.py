@@ -21,7 +21,14 @@ SCHEMA_VERSION = 1
 ENGINES = ("auto", "sglang", "transformers", "generic")
 TTFT_STATISTIC = "p95"
 # The figures a baseline (the last-known-good's gate) carries, and whether lower is worse.
-BASELINE_FIGURES = {"decode_tps_mean": True, "ttft_p95_s": False, "accept_length": True}
+BASELINE_FIGURES = {
+    "decode_tps_mean": True,
+    "ttft_p95_s": False,
+    "accept_length": True,
+    "effective_max_running_requests": True,
+}
+# Of those, the counts where any drop is worse (not a drop of more than max_regression_pct).
+BASELINE_COUNTS = ("effective_max_running_requests",)
 # What must be equal for two gates to be compared: the same measurement on the same prompts.
 BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts")
 
@@ -52,6 +59,7 @@ class GateConfig:
     min_decode_tps: float = 0.0
     max_ttft_s: float = 0.0
     min_accept_length: float = 0.0
+    min_running_requests: int = 0
     baseline: dict[str, Any] | None = None
     max_regression_pct: float = 0.0
     regression_min_ttft_delta_s: float = 0.1
@@ -89,6 +97,7 @@ class GateConfig:
             "max_ttft_s": self.max_ttft_s,
             "ttft_statistic": TTFT_STATISTIC,
             "min_accept_length": self.min_accept_length,
+            "min_running_requests": self.min_running_requests,
             "decode_statistic": "mean",
             "max_regression_pct": self.max_regression_pct,
         }
@@ -134,6 +143,13 @@ def _number(cfg: dict[str, Any], key: str, errors: list[str], integer: bool = Fa
     return number
 
 
+# Why an integer option's floor is what it is, added to its message.
+INTEGER_WHY = {
+    "max_tokens": " (decode speed needs at least 2 tokens)",
+    "min_running_requests": " (0: no check)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class RangeRule:
     """The range of one number option: at least ``low``, or more than ``low`` when ``strict``.
@@ -155,7 +171,7 @@ class RangeRule:
         if self.strict:
             return f"{self.key} must be greater than {self.low}, got {value}"
         if self.integer:
-            why = " (decode speed needs at least 2 tokens)" if self.key == "max_tokens" else ""
+            why = INTEGER_WHY.get(self.key, "")
             return f"{self.key} must be at least {self.low}, got {value}{why}"
         return f"{self.key} must be 0 (no check) or positive, got {value}"
 
@@ -177,6 +193,7 @@ RANGE_RULES: tuple[RangeRule, ...] = (
     RangeRule("min_decode_tps", 0, "0 (no check) or positive (tokens/s)"),
     RangeRule("max_ttft_s", 0, "0 (no check) or positive (seconds)"),
     RangeRule("min_accept_length", 0, "0 (no check) or positive"),
+    RangeRule("min_running_requests", 0, "0 (no check) or a number of requests at once", integer=True),
     RangeRule("max_regression_pct", 0, "0 (off) or a percentage"),
     RangeRule("regression_min_ttft_delta_s", 0, "0 or more seconds"),
 )

@@ -42,16 +42,63 @@ def get_server_info(endpoint: Endpoint, timeout: float) -> dict[str, Any] | None
     return None
 
 
+CAPACITY_KEY = "effective_max_running_requests_per_dp"
+CAPACITY_SOURCE = f"server_info.internal_states[0].{CAPACITY_KEY}"
+
+
+def _first_state(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``internal_states[0]`` of a ``/server_info`` answer (the first DP rank's scheduler), None without one."""
+    states = (info or {}).get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        return states[0]
+    return None
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a whole number of requests (0 or more), None when it is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if value != value or value < 0 or int(value) != value:  # NaN, negative, fractional
+        return None
+    return int(value)
+
+
 def accept_length_from_info(info: dict[str, Any] | None) -> float | None:
     """``internal_states[0].avg_spec_accept_length`` when present (after 40 decode steps)."""
-    if not info:
-        return None
-    states = info.get("internal_states")
-    if isinstance(states, list) and states and isinstance(states[0], dict):
-        value = states[0].get("avg_spec_accept_length")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+    value = (_first_state(info) or {}).get("avg_spec_accept_length")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     return None
+
+
+def capacity_from_info(info: dict[str, Any] | None) -> dict[str, Any]:
+    """How many requests the server runs at once, by its own scheduler: ``{"effective_max_running_requests",
+    "requested", "source", "note"}``.
+
+    SGLang's scheduler reports the limit it actually runs with as
+    ``internal_states[0].effective_max_running_requests_per_dp``, which can be below the
+    ``--max-running-requests`` asked for (the top-level ``max_running_requests``): 0.5.17 caps it
+    to what the mamba state cache holds, down to 1, and still starts. Unknown (None, with a
+    ``note``) when ``info`` is None or carries no such whole number.
+    """
+    capacity: dict[str, Any] = {
+        "effective_max_running_requests": None,
+        "requested": _count((info or {}).get("max_running_requests")),
+        "source": None,
+        "note": None,
+    }
+    if not info:
+        capacity["note"] = "/server_info did not answer"
+        return capacity
+    value = _count((_first_state(info) or {}).get(CAPACITY_KEY))
+    if value is None:
+        capacity["note"] = f"/server_info has no internal_states[0].{CAPACITY_KEY}"
+        return capacity
+    capacity.update(effective_max_running_requests=value, source=CAPACITY_SOURCE)
+    dp_size = _count(info.get("dp_size"))
+    if dp_size is not None and dp_size > 1:
+        capacity["note"] = f"per data-parallel rank (dp_size {dp_size})"
+    return capacity
 
 
 def list_models(endpoint: Endpoint, timeout: float) -> tuple[list[str], str]:

@@ -1,5 +1,5 @@
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
-"""The gate run: readiness, discovery, warm-up, measurement, accept length, verdict, one report."""
+"""The gate run: readiness, discovery, warm-up, measurement, accept length and capacity, verdict, one report."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from .config import SCHEMA_VERSION, GateConfig
 from .discovery import (
     SERVER_INFO_KEYS,
     accept_length_from_info,
+    capacity_from_info,
     generate_accept_length,
     get_server_info,
     list_models,
@@ -53,6 +54,7 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
         "requests": [],
         "aggregate": None,
         "speculative": None,
+        "capacity": None,
         "checks": [],
         "notes": [],
         "passed": False,
@@ -153,15 +155,43 @@ def _measure(
     return agg
 
 
+def _info_after(endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, engine: str) -> dict[str, Any] | None:
+    """``/server_info`` once more after the measurement (SGLang only; None elsewhere or when it does not answer).
+
+    Read once: the accept length and the running-request limit both come from it.
+    """
+    if engine != "sglang":
+        return None
+    return monitor.call(get_server_info, endpoint, cfg.health_timeout_s)
+
+
+def _capacity(engine: str, info: dict[str, Any] | None, info_after: dict[str, Any] | None) -> dict[str, Any]:
+    """How many requests the server runs at once, by its scheduler (SGLang): ``capacity_from_info`` of the
+    answer after the measurement (the one of discovery when that one failed); a note elsewhere.
+    """
+    if engine != "sglang":
+        return {
+            "effective_max_running_requests": None,
+            "requested": None,
+            "source": None,
+            "note": f"engine {engine} reports no running-request limit",
+        }
+    return capacity_from_info(info_after or info)
+
+
 def _speculative(
-    endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, engine: str, info: dict[str, Any] | None
+    endpoint: Endpoint,
+    cfg: GateConfig,
+    monitor: Monitor,
+    engine: str,
+    info: dict[str, Any] | None,
+    info_after: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The MTP accept length (SGLang): ``{"value", "source", "note", ...}``."""
+    """The MTP accept length (SGLang): ``{"value", "source", "note", ...}``; ``info_after`` is :func:`_info_after`'s."""
     accept: dict[str, Any] = {"value": None, "source": None, "note": None}
     if engine != "sglang":
         accept["note"] = f"engine {engine} reports no accept length"
         return accept
-    info_after = monitor.call(get_server_info, endpoint, cfg.health_timeout_s)
     spec_algo = (info_after or info or {}).get("speculative_algorithm")
     accept["algorithm"] = spec_algo
     if not spec_algo:
@@ -187,11 +217,13 @@ def _speculative(
     return accept
 
 
-def _judge(cfg: GateConfig, agg: dict[str, Any], accept: dict[str, Any], report: dict[str, Any]) -> None:
+def _judge(
+    cfg: GateConfig, agg: dict[str, Any], accept: dict[str, Any], capacity: dict[str, Any], report: dict[str, Any]
+) -> None:
     """The absolute thresholds and the relative gate; the verdict goes into ``report``."""
     report["phase"] = "evaluate"
-    report["checks"], report["reasons"] = evaluate(agg, accept, cfg)
-    relative, worse, note = compare_baseline(agg, accept, cfg)
+    report["checks"], report["reasons"] = evaluate(agg, accept, cfg, capacity)
+    relative, worse, note = compare_baseline(agg, accept, cfg, capacity)
     report["checks"] += relative
     report["reasons"] += worse
     if cfg.baseline:
@@ -233,16 +265,21 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         agg = _measure(endpoint, cfg, monitor, model, report, say)
 
         report["phase"] = monitor.phase = "speculative"
-        accept = _speculative(endpoint, cfg, monitor, engine, info)
+        info_after = _info_after(endpoint, cfg, monitor, engine)
+        accept = _speculative(endpoint, cfg, monitor, engine, info, info_after)
         report["speculative"] = {
             "accept_length": accept["value"],
             "source": accept["source"],
             "detail": {k: v for k, v in accept.items() if k not in ("value", "source")},
         }
+        capacity = _capacity(engine, info, info_after)
+        report["capacity"] = capacity
+        if capacity["effective_max_running_requests"] is not None:
+            say(f"at most {capacity['effective_max_running_requests']} running requests at once ({capacity['source']})")
 
         monitor.poll_now()
         monitor.check()
-        _judge(cfg, agg, accept, report)
+        _judge(cfg, agg, accept, capacity, report)
     except GateFailure as exc:
         report["passed"] = False
         report["phase"] = exc.phase

@@ -39,7 +39,7 @@ PHASE_TEXT = {
     "discover": "discovering the server",
     "warmup": "sending warm-up requests",
     "measure": "measuring",
-    "speculative": "reading the accept length",
+    "speculative": "reading the accept length and the running-request limit",
 }
 
 

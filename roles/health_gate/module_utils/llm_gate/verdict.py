@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import BASELINE_FIGURES, BASELINE_SETTINGS, TTFT_STATISTIC
+from .config import BASELINE_COUNTS, BASELINE_FIGURES, BASELINE_SETTINGS, TTFT_STATISTIC
+from .discovery import CAPACITY_KEY
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .config import GateConfig
@@ -21,8 +22,49 @@ def _limit(value: float, digits: int = 1) -> str:
     return "off" if not value else (f"{round(value, digits + 1):g}")
 
 
-def evaluate(agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig) -> tuple[list[dict[str, Any]], list[str]]:
-    """Compare the aggregate with the thresholds; (checks, failure reasons)."""
+def _requests(count: int) -> str:
+    """``1 request``, ``4 requests``."""
+    return f"{count} request{'' if count == 1 else 's'}"
+
+
+def capacity_reason(value: int, requested: int | None, minimum: int) -> str:
+    """Why a server that runs fewer requests at once than ``min_running_requests`` fails the gate."""
+    asked = f"; {requested} asked" if requested is not None else ""
+    return (
+        f"SGLang runs at most {_requests(value)} at once (server_info {CAPACITY_KEY}{asked}), below "
+        f"min_running_requests {minimum}: its mamba state or KV cache is too small for the target concurrency "
+        "(see the launch plan's memory budget)"
+    )
+
+
+def _capacity_check(capacity: dict[str, Any] | None, cfg: GateConfig) -> tuple[dict[str, Any], str | None]:
+    """The ``running_requests`` check against ``min_running_requests`` (on); (check, failure reason or None).
+
+    An engine that reports no limit leaves the check ``ok: None`` with a ``not applied`` note:
+    it is not counted as passed.
+    """
+    capacity = capacity or {}
+    value = capacity.get("effective_max_running_requests")
+    check: dict[str, Any] = {
+        "name": "running_requests",
+        "value": value,
+        "op": ">=",
+        "limit": cfg.min_running_requests,
+    }
+    if value is None:
+        check.update(ok=None, note="not applied: " + (capacity.get("note") or "the engine reports none"))
+        return check, None
+    ok = value >= cfg.min_running_requests
+    check.update(ok=ok, source=capacity.get("source"), requested=capacity.get("requested"))
+    return check, None if ok else capacity_reason(value, capacity.get("requested"), cfg.min_running_requests)
+
+
+def evaluate(
+    agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig, capacity: dict[str, Any] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Compare the aggregate, the accept length and the running-request limit (``capacity``, the
+    report's) with the thresholds; (checks, failure reasons).
+    """
     checks: list[dict[str, Any]] = []
     reasons: list[str] = []
     tps = agg.get("decode_tps_mean")
@@ -84,6 +126,11 @@ def evaluate(agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig) -> tu
             )
             if not ok:
                 reasons.append(f"MTP accept length {value:.2f} is below min_accept_length {cfg.min_accept_length:g}")
+    if cfg.min_running_requests > 0:
+        check, reason = _capacity_check(capacity, cfg)
+        checks.append(check)
+        if reason:
+            reasons.append(reason)
     return checks, reasons
 
 
@@ -96,13 +143,14 @@ def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
         "decode_tps_mean": agg.get("decode_tps_mean"),
         "ttft_p95_s": agg.get("ttft_p95_s"),
         "accept_length": (report.get("speculative") or {}).get("accept_length"),
+        "effective_max_running_requests": (report.get("capacity") or {}).get("effective_max_running_requests"),
         "timestamp": report.get("timestamp"),
         **{key: settings.get(key) for key in BASELINE_SETTINGS},
     }
 
 
 def compare_baseline(
-    agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig
+    agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig, capacity: dict[str, Any] | None = None
 ) -> tuple[list[dict[str, Any]], list[str], str | None]:
     """The relative gate: (checks, failure reasons, note) against ``cfg.baseline``.
 
@@ -111,7 +159,9 @@ def compare_baseline(
     the measurement is the same (requests, concurrency, max_tokens, prompts). A figure fails
     when it is worse than the baseline's by more than ``max_regression_pct`` percent; TTFT
     also needs to be worse by more than ``regression_min_ttft_delta_s`` seconds (a few tens
-    of milliseconds of jitter are most of a small TTFT).
+    of milliseconds of jitter are most of a small TTFT). The running-request limit (``capacity``,
+    when both sides know it) fails on any drop: it is a count the server was sized for, not a
+    measurement with noise.
     """
     baseline = cfg.baseline or {}
     pct = float(cfg.max_regression_pct or 0)
@@ -137,6 +187,13 @@ def compare_baseline(
         "decode_tps_mean": agg.get("decode_tps_mean"),
         "ttft_p95_s": agg.get("ttft_p95_s"),
         "accept_length": accept.get("value"),
+        "effective_max_running_requests": (capacity or {}).get("effective_max_running_requests"),
+    }
+    names = {
+        "decode_tps_mean": "decode_tps",
+        "ttft_p95_s": "ttft",
+        "accept_length": "accept_length",
+        "effective_max_running_requests": "running_requests",
     }
     labels = {
         "decode_tps_mean": ("decode", " tok/s", 1),
@@ -150,14 +207,17 @@ def compare_baseline(
         if base is None or value is None or base <= 0:
             continue
         change = 100.0 * (value - base) / base
-        worse = -change if lower_is_worse else change
-        limit = base * (1 - pct / 100.0) if lower_is_worse else base * (1 + pct / 100.0)
-        ok = worse <= pct
+        if key in BASELINE_COUNTS:
+            limit, ok = base, value >= base
+        else:
+            worse = -change if lower_is_worse else change
+            limit = base * (1 - pct / 100.0) if lower_is_worse else base * (1 + pct / 100.0)
+            ok = worse <= pct
         if key == "ttft_p95_s" and not ok and value - base <= float(cfg.regression_min_ttft_delta_s or 0):
             ok = True
         checks.append(
             {
-                "name": key.replace("_mean", "").replace("_p95_s", "") + "_vs_last_known_good",
+                "name": names[key] + "_vs_last_known_good",
                 "value": value,
                 "baseline": base,
                 "change_pct": round(change, 2),
@@ -166,7 +226,12 @@ def compare_baseline(
                 "ok": ok,
             }
         )
-        if not ok:
+        if key in BASELINE_COUNTS and not ok:
+            reasons.append(
+                f"SGLang runs at most {_requests(int(value))} at once, fewer than the last-known-good's "
+                f"{int(base)} (server_info {CAPACITY_KEY}; any drop fails)"
+            )
+        elif not ok:
             what, unit_label, digits = labels[key]
             reasons.append(
                 f"{what} {_fmt(value, digits)}{unit_label} is {abs(change):.1f} % "
@@ -178,7 +243,8 @@ def compare_baseline(
 
 def summary_line(report: dict[str, Any]) -> str:
     """One line for the play output, e.g.
-    ``gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), 8 requests``.
+    ``gate PASS: 52.3 tok/s decode (min 40), TTFT p95 0.41 s (max 3), accept 2.10 (min 1.5), max running 4
+    (min 4), 8 requests`` (``max running``: the requests the server runs at once, when known or checked).
     """
     verdict = "PASS" if report.get("passed") else "FAIL"
     agg = report.get("aggregate")
@@ -192,6 +258,10 @@ def summary_line(report: dict[str, Any]) -> str:
     accept = (report.get("speculative") or {}).get("accept_length")
     if accept is not None or th.get("min_accept_length"):
         parts.append(f"accept {_fmt(accept, 2)} (min {_limit(th.get('min_accept_length', 0))})")
+    running = (report.get("capacity") or {}).get("effective_max_running_requests")
+    if running is not None or th.get("min_running_requests"):
+        shown = "n/a" if running is None else str(running)
+        parts.append(f"max running {shown} (min {_limit(th.get('min_running_requests', 0))})")
     relative = [c for c in report.get("checks") or [] if c["name"].endswith("_vs_last_known_good")]
     if relative:
         changes = ", ".join(f"{c['name'].split('_vs_')[0]} {c['change_pct']:+.1f} %" for c in relative)

@@ -28,7 +28,7 @@ GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
 .PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down \
-        sglang-check-venv lint pytest molecule reliability clean
+        sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -77,14 +77,13 @@ image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenario
 	docker image inspect $(MLENV_IMAGE) >/dev/null 2>&1 || \
 	  ansible-playbook playbooks/bake-sim-image.yml -e bake_image=$(MLENV_IMAGE)
 
-wheelhouse: $(WHEELHOUSE)/.complete $(GW_WHEELHOUSE)/.complete ## download the CPU profile's and the gateway's wheels once
+# The wheelhouses the tests install from offline, one per lock: the CPU profile's engine, its
+# candidate engine version (molecule/rollback upgrades to it and back) and the gateway.
+WHEELHOUSE_LOCKS := transformers-cpu transformers-cpu-5.6.2 smg-1.13.0
+wheelhouse: $(foreach lock,$(WHEELHOUSE_LOCKS),$(CACHE)/wheelhouse/$(lock)/.complete) ## download the tests' wheels once
 
-$(WHEELHOUSE)/.complete: $(CPU_LOCK) tools/build-bundle tools/lib/deploytools/build_bundle.py
-	$(PYTHON) tools/build-bundle --lock $(CPU_LOCK) --out $(WHEELHOUSE)
-	touch $@
-
-$(GW_WHEELHOUSE)/.complete: $(GW_LOCK) tools/build-bundle tools/lib/deploytools/build_bundle.py
-	$(PYTHON) tools/build-bundle --lock $(GW_LOCK) --out $(GW_WHEELHOUSE)
+$(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bundle tools/lib/deploytools/build_bundle.py
+	$(PYTHON) tools/build-bundle --lock $< --out $(@D)
 	touch $@
 
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)
@@ -125,8 +124,23 @@ PYTEST_WORKERS ?= 2
 pytest: setup tools-venv gateway-venv sglang-check-venv model ## unit and integration tests (tests/)
 	$(VENV)/bin/pytest -q --durations=10 -n $(PYTEST_WORKERS) --dist loadfile tests
 
-sglang-check-venv: $(VENV)/.installed ## controller-side venv with real SGLang for its own parser (tests/launch_plan)
+# One check venv per SGLang version with a lock (tests/locks/sglang-check-VERSION.txt); make test
+# builds and checks the versions tools/build-sglang-check-venv builds by default (0.5.11, 0.5.17).
+sglang-check-venv: $(VENV)/.installed ## controller-side venvs with real SGLang 0.5.11 and 0.5.17 for their own parsers (tests/launch_plan)
 	DEPLOY_CACHE_DIR=$(CACHE) tools/build-sglang-check-venv
+
+# The newest SGLang (0.5.23): its check venv and its tests (pytest marker sglang_newest), which
+# make pytest deselects. Not part of make test.
+SGLANG_NEWEST ?= 0.5.23
+sglang-check-newest: $(VENV)/.installed ## build the newest SGLang's check venv (SGLANG_NEWEST) and run its tests; not in make test
+	DEPLOY_CACHE_DIR=$(CACHE) tools/build-sglang-check-venv $(SGLANG_NEWEST)
+	$(VENV)/bin/pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m sglang_newest tests/launch_plan
+
+# Add an SGLang version (docs/launch-plan.md, "Adding an SGLang version"): build its check venv
+# from tests/locks/sglang-check-$(ENGINE_VERSION).txt and write its flag table from its own parser.
+engine-flags: $(VENV)/.installed ## write the flag table of SGLang ENGINE_VERSION=X.Y.Z from its own parser
+	@test -n "$(ENGINE_VERSION)" || { echo "engine-flags: give the SGLang version, e.g. make engine-flags ENGINE_VERSION=0.5.17" >&2; exit 2; }
+	DEPLOY_CACHE_DIR=$(CACHE) tools/build-sglang-check-venv --dump-flags $(ENGINE_VERSION)
 
 molecule: setup model image-mlenv ## all molecule scenarios (MOLECULE_LANES at a time), each action timed
 	tools/test-stages start

@@ -144,3 +144,40 @@ def test_the_host_ends_on_the_four_layer_model(host):
     # The last-known-good keeps the figures the next deploy's relative gate compares with.
     baseline = state["gate_baseline"]
     assert baseline["decode_tps_mean"] > 0 and baseline["requests"] == 4 and baseline["unit_sha256"]
+
+
+# --------------------------------------------------------------------------------------
+# The engine upgrade as a gated candidate (playbooks/upgrade.yml, transformers 5.6.0 -> 5.6.2)
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["engine_refuses_start", "slower_model_refused"])
+def test_a_failed_upgrade_goes_back_to_the_previous_engine_and_keeps_the_candidates_venv(host, case):
+    run = run_of(case)
+    assert run["rc"] != 0
+    out = " ".join(run["output"].split())
+    assert "The host is back on its last-known-good state" in out
+    # The link points at the venv the host ran before; the candidate's venv was built beside it.
+    assert run["venv_after"] == run["venv_before"], run
+    assert "transformers-cpu-5.6.2" in out
+
+
+def test_the_upgrade_that_passes_its_gate_is_kept_and_the_previous_venv_stays(host):
+    run = run_of("upgrade_kept")
+    assert run["rc"] == 0, run["output"][-3000:]
+    assert run["venv_after"] != run["venv_before"]
+    state = json.loads(host.file(f"{DEPLOY_DIR}/last-known-good/state.json").content_string)
+    assert state["engine_version"] == "5.6.2" and state["venv_lock"] == "transformers-cpu-5.6.2"
+    assert state["venv_dir"] == run["venv_after"]
+    assert host.file(run["venv_before"]).is_directory, "the previous engine's venv is kept for going back"
+    installed = host.run(f"{run['venv_after']}/bin/python -c 'import transformers; print(transformers.__version__)'")
+    assert installed.stdout.strip() == "5.6.2", installed.stderr
+
+
+def test_a_deploy_with_the_older_lock_never_changes_the_engine_on_its_own():
+    run = run_of("deploy_keeps_engine")
+    assert run["rc"] != 0
+    out = " ".join(run["output"].split())
+    assert "gives transformers 5.6.0, but molecule-rollback runs 5.6.2 (its last-known-good state)" in out
+    assert "an engine change is a gated candidate" in out
+    assert run["started_after"] == run["started_before"] and run["venv_after"] == run["venv_before"]

@@ -82,7 +82,7 @@ image-mlenv: setup ## bake the rehearsal venv into $$MLENV_IMAGE (other scenario
 WHEELHOUSE_LOCKS := transformers-cpu transformers-cpu-5.6.2 smg-1.13.0
 wheelhouse: $(foreach lock,$(WHEELHOUSE_LOCKS),$(CACHE)/wheelhouse/$(lock)/.complete) ## download the tests' wheels once
 
-$(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bundle tools/lib/deploytools/build_bundle.py
+$(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bundle tools/lib/deploytools/build_bundle.py tools/lib/deploytools/lock_file.py
 	$(PYTHON) tools/build-bundle --lock $< --out $(@D)
 	touch $@
 

@@ -22,6 +22,9 @@ from typing import Any
 import pytest
 from conftest import CACHE, REPO, Deployer, dexec, full_match, put, record, same_server, server_state, sh
 
+# The role lists its locks by name, sorted (roles/ml_env/tasks/lock.yml).
+LOCK_DIR = REPO / "roles/ml_env/files/locks"
+
 TINY = CACHE / "models" / "tiny-qwen3.5"
 QWEN = REPO / "files" / "models" / "qwen3.6-27b.config.json"
 HUB_PORT = 8098
@@ -106,7 +109,7 @@ def cases(work: Path) -> list[Case]:
              r"ml_env_lock 'sglang-0\.6\.0' has no lock file at \S+/roles/ml_env/files/locks/sglang-0\.6\.0\.txt; "
              # Every lock the role has, the gateway's included (roles/gateway installs smg through ml_env).
              r"set ml_env_lock to one of: "
-             + ", ".join(re.escape(p.stem) for p in sorted((REPO / "roles/ml_env/files/locks").glob("*.txt")))
+             + ", ".join(re.escape(name) for name in sorted(p.stem for p in LOCK_DIR.glob("*.txt")))
              + r"\.",
              extra={"ml_env_lock": "sglang-0.6.0"}),
         Case("venv-path-file", "a venv path that is a file",

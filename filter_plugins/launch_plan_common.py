@@ -43,7 +43,7 @@ PINNED = {
 # YAML file named by --config (SGLang 0.5.11 reads no environment variable for it).
 SECRET_FLAGS = {
     "--api-key": "remove it and set inference_server_api_key (vaulted) instead",
-    "--admin-api-key": "remove it (this repository manages no admin key, so SGLang keeps its admin endpoints refused)",
+    "--admin-api-key": "remove it and set inference_server_admin_api_key (vaulted) instead",
 }
 # The flag the plan uses to hand SGLang the API key file.
 CONFIG_FLAG = "--config"

@@ -139,8 +139,8 @@ def test_sglangs_own_logger_setup_drops_the_argument_dump_and_keeps_the_rest(sgl
         (
             "--admin-api-key",
             "inference_server_overrides['--admin-api-key'] would put a secret in the unit file and in "
-            "the server's argv, which every user of the host can read: remove it (this repository "
-            "manages no admin key, so SGLang keeps its admin endpoints refused).",
+            "the server's argv, which every user of the host can read: remove it and set "
+            "inference_server_admin_api_key (vaulted) instead.",
         ),
         (
             "--config",

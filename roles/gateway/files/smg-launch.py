@@ -8,6 +8,8 @@ launcher reads ``SMG_CONTROL_PLANE_API_KEY`` (the unit's EnvironmentFile, root 0
 removes it from the environment, and hands the flag to smg's own argument parser in
 process, so the key is in no argv, unit file or log. ``SMG_CONTROL_PLANE_KEY_ID`` names the
 key (default ``llm-deploy``); its role is admin (it adds and removes workers).
+``SMG_API_KEY`` (gateway_api_key, the same file), when set, becomes smg's ``--api-key``: the key
+of its OpenAI API, handed over the same way.
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ def router_argv(argv: list[str], environ: dict[str, str]) -> list[str]:
         )
     if any(a.startswith("--control-plane-api-keys") for a in argv):
         sys.exit("smg-launch: pass the control-plane key through SMG_CONTROL_PLANE_API_KEY, not argv")
+    if any(a == "--api-key" or a.startswith("--api-key=") for a in argv):
+        sys.exit("smg-launch: pass the gateway's API key through SMG_API_KEY, not argv")
     key_id = environ.pop("SMG_CONTROL_PLANE_KEY_ID", "llm-deploy")
-    return [*argv, "--control-plane-api-keys", f"{key_id}:{key_id}:admin:{key}"]
+    api_key = environ.pop("SMG_API_KEY", "").strip()
+    return [
+        *argv,
+        "--control-plane-api-keys",
+        f"{key_id}:{key_id}:admin:{key}",
+        *(["--api-key", api_key] if api_key else []),
+    ]
 
 
 def main() -> None:

@@ -103,6 +103,12 @@ def print_plan(result: dict, as_json: bool) -> None:
     print("Notes:")
     for note in plan["notes"] + result.get("offline_notes", []):
         print(f"- {note}")
+    exposure = result.get("exposure")
+    if exposure:
+        print()
+        print("Exposure (docs/security.md):")
+        for name, value in exposure.items():
+            print(f"- {name}: {'(none)' if value in (None, [], '') else value}")
 
 
 def argv_flags(argv: list[str]) -> dict[str, str]:

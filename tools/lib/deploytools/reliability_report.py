@@ -180,6 +180,27 @@ offline facts (2x RTX A6000 48 GB, 51.75 GiB of weights), and `tools/launch-plan
 
 """
 
+# Hand-written: the checks of precheck.yml and the gateway's preflight (docs/security.md).
+EXPOSURE = """\
+### Network exposure without a key, refused offline
+
+Hand-written rows, not scenario results (docs/security.md): the checks of
+`inference_server/tasks/precheck.yml` (after the launch plan's) and `gateway/tasks/preflight.yml`
+refuse a server or a gateway on a network address without a key, before anything changes.
+`molecule/render-ct129/tests/test_render.py::test_a_network_bind_needs_both_keys_before_anything_changes`
+runs ct129's checks offline (`molecule/render-ct129/refusal.yml`, ct129 as the repository holds
+it: 0.0.0.0, keys only in the operator's vault) and
+`molecule/exposure/tests/test_exposure.py::test_an_open_gateway_is_refused_before_anything_changes`
+the gateway's; both compare the sentence word for word.
+
+| case | how it was tried | the exact message | refused by |
+| --- | --- | --- | --- |
+| a bind to 0.0.0.0 without an API key | ct129 (`inference_server_host: 0.0.0.0`), no `inference_server_api_key` | `inference_server_host is "0.0.0.0", a network address, but inference_server_api_key is empty: anyone who reaches ct129:30000 could use the server; set inference_server_api_key (in Ansible Vault) for an SGLang server, set inference_server_host to 127.0.0.1, or set inference_server_allow_unauthenticated_network to true to accept it unauthenticated behind its IP allow-list (localhost).` | inference_server : Refuse a server on a network address without an API key its engine enforces |
+| an API key without SGLang's admin key | ct129 with `inference_server_api_key` only | `inference_server_api_key is set but inference_server_admin_api_key is empty, so SGLang lets every holder of the API key use its admin endpoints (/update_weights_from_disk, /flush_cache, /pause_generation, ...): set inference_server_admin_api_key to another secret (in Ansible Vault).` | inference_server : Refuse SGLang's admin endpoints without a key of their own |
+| the gateway's API on 0.0.0.0 without a key | the gateway role's checks with the repository's inventory, no `gateway_api_key` | `gateway_host is "0.0.0.0", a network address, but gateway_api_key is empty: anyone who reaches localhost:30000 could send requests through the gateway; set gateway_api_key (in Ansible Vault), set gateway_host to 127.0.0.1, or set gateway_allow_unauthenticated_network to true to accept it unauthenticated behind its IP allow-list (localhost, 127.0.0.1).` | gateway : Refuse the gateway's API on a network address without a key |
+| the gateway's /metrics on 0.0.0.0, nobody named to scrape it | `gateway_prometheus_host: 0.0.0.0`, no `gateway_allowed_sources` | `gateway_prometheus_host is "0.0.0.0", a network address, but smg's /metrics takes no key and gateway_allowed_sources is empty: name the hosts that scrape it in gateway_allowed_sources, set gateway_prometheus_host to 127.0.0.1, or set gateway_allow_unauthenticated_network to true.` | gateway : Refuse the gateway's /metrics on a network address that nobody is named to scrape |
+"""
+
 FAULTS = """\
 ## Faults
 
@@ -505,7 +526,7 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> st
         if r.get("message"):
             did += f" Message: `{cell(r['message'])[:300]}{'...' if len(r['message']) > 300 else ''}`"
         fault_rows.append(dict(r, host_did=did))
-    page += [DRAFTERS, table(DRAFTER_ROWS, ("case", "how", "message"), code=("message",)), "\n"]
+    page += [DRAFTERS, table(DRAFTER_ROWS, ("case", "how", "message"), code=("message",)), "\n", EXPOSURE, "\n"]
     page += [FAULTS, table(fault_rows, ("fault", "how", "happened", "host_did", "recover_s")), "\n"]
     page += [SECRETS, table(by["secrets"], ("where", "searched", "found")), "\n"]
     page += [ON_PURPOSE, table(by["secrets_on_purpose"], ("where", "mode", "holds")), "\n"]

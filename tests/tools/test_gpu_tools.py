@@ -689,6 +689,9 @@ import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 START = time.time()
+# Seconds between two streamed tokens (0: the whole answer at once) and the running-request limit.
+DELAY = float(os.environ.get("FAKE_TOKEN_DELAY_S", "0"))
+RUNNING = int(os.environ.get("FAKE_RUNNING", "48"))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -707,9 +710,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.send(200 if time.time() - START > 0.5 else 503, {})
         elif self.path == "/server_info":
-            self.send(200, {"version": "0.5.11", "tp_size": 2, "speculative_algorithm": "EAGLE",
-                            "mamba_scheduler_strategy": "extra_buffer",
-                            "internal_states": [{"avg_spec_accept_length": 1.01}]})
+            self.send(200, {"version": os.environ.get("FAKE_VERSION", "0.5.11"), "tp_size": 2,
+                            "speculative_algorithm": "EAGLE", "mamba_scheduler_strategy": "extra_buffer",
+                            "internal_states": [{"avg_spec_accept_length": 1.01,
+                                                 "effective_max_running_requests_per_dp": RUNNING}]})
+        elif self.path == "/metrics":
+            self.send(200, b"sglang:num_running_reqs 0\n", "text/plain")
         elif self.path == "/v1/models":
             self.send(200, {"data": [{"id": "tiny"}]})
         else:
@@ -723,8 +729,18 @@ class Handler(BaseHTTPRequestHandler):
         n = body["max_tokens"]
         chunks = [{"choices": [{"delta": {"content": "t"}}]} for _ in range(n)]
         chunks.append({"choices": [], "usage": {"prompt_tokens": 20, "completion_tokens": n}})
-        stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
-        self.send(200, stream, "text/event-stream")
+        if not DELAY:
+            stream = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+            self.send(200, stream, "text/event-stream")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for chunk in chunks:
+            time.sleep(DELAY)
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
 
 
 def main():
@@ -756,8 +772,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    site = tmp_path / "build" / "site"
+def fake_bundle(root: Path, port: int, env: dict[str, str] | None = None, gate_args: list[str] | None = None) -> Path:
+    """A prepared folder under ``root`` whose 'sglang' is FAKE_SERVER on ``port`` (plan env plus ``env``)."""
+    site = root / "build" / "site"
     (site / "sglang").mkdir(parents=True)
     (site / "sglang" / "__init__.py").write_text("")
     (site / "sglang" / "fake_server.py").write_text(FAKE_SERVER)
@@ -767,26 +784,32 @@ def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.
     (site / "sglang-0.5.11.dist-info" / "entry_points.txt").write_text(
         "[console_scripts]\nsglang = sglang.fake_server:main\n"
     )
-    packed = bb.pack(site, tmp_path / "pack", part_size=1 << 20, xz_threads=1, xz_level=1)
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
-    ga.prepare.deterministic_tgz(tmp_path / "m", tmp_path / "pack" / ga.common.MODEL_ARCHIVE, "model")
-    port = free_port()
-    plan = plan_dict(tmp_path)
+    packed = bb.pack(site, root / "pack", part_size=1 << 20, xz_threads=1, xz_level=1)
+    (root / "m").mkdir()
+    (root / "m" / "config.json").write_text("{}")
+    ga.prepare.deterministic_tgz(root / "m", root / "pack" / ga.common.MODEL_ARCHIVE, "model")
+    plan = plan_dict(root)
     plan["argv"] = [a if not a.startswith("--port=") else f"--port={port}" for a in plan["argv"]]
     plan["argv"] += ["--port", str(port)]
+    plan["env"].update(env or {})
     manifest = {
         "bundle": packed,
         "plan": plan,
-        "gate_args": [],
+        "gate_args": gate_args or [],
         "model": {
             "archive": ga.common.MODEL_ARCHIVE,
-            "sha256": bb.sha256_file(tmp_path / "pack" / ga.common.MODEL_ARCHIVE),
+            "sha256": bb.sha256_file(root / "pack" / ga.common.MODEL_ARCHIVE),
         },
         "bench": {"input_len": 16, "output_len": 32, "num_prompts": 2, "max_concurrency": 1, "tps_metric": "tpot"},
     }
-    (tmp_path / "pack" / ga.common.MANIFEST).write_text(json.dumps(manifest))
-    (tmp_path / "pack" / bb.PACK_MANIFEST).unlink(missing_ok=True)
+    (root / "pack" / ga.common.MANIFEST).write_text(json.dumps(manifest))
+    (root / "pack" / bb.PACK_MANIFEST).unlink(missing_ok=True)
+    return root / "pack"
+
+
+def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    pack = fake_bundle(tmp_path, port)
     dev = ga.device.Device(tmp_path / "state")
     monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
     monkeypatch.setattr(ga.measure, "GATE_CLI", tmp_path / "no-gate")
@@ -797,7 +820,7 @@ def test_device_steps_against_a_fake_sglang(tmp_path: Path, monkeypatch: pytest.
     )
     ns = argparse.Namespace
     try:
-        assert ga.device.cmd_receive(ns(folder=tmp_path / "pack"), dev) == 0
+        assert ga.device.cmd_receive(ns(folder=pack), dev) == 0
         assert ga.install.cmd_install(ns(), dev) == 0
         assert ga.measure.cmd_original_flags(ns(timeout=60), dev) == 0
         assert ga.processes.cmd_launch(ns(name="cold"), dev) == 0

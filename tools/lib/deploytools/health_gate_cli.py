@@ -101,6 +101,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ),
     )
     p.add_argument(
+        "--min-running-requests",
+        type=int,
+        default=d["min_running_requests"],
+        help="minimum requests the server runs at once, by SGLang's /server_info (0: no check)",
+    )
+    p.add_argument(
         "--baseline",
         metavar="FILE",
         help="compare with this earlier gate report (or its baseline mapping): the relative gate",
@@ -167,6 +173,7 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
         "min_decode_tps": args.min_decode_tps,
         "max_ttft_s": args.max_ttft_s,
         "min_accept_length": args.min_accept_length,
+        "min_running_requests": args.min_running_requests,
         "baseline": baseline,
         "max_regression_pct": args.max_regression_pct if baseline else 0.0,
         "journal_max_lines": args.journal_max_lines,

@@ -31,6 +31,8 @@ logged in to; run from the repository root with the image's python3):
     bench-serving NAME  python -m sglang.bench_serving with the gate's prompt/output lengths
     stop NAME           stop the server's whole session, wait for its port and GPUs
     restart OLD NEW     stop OLD, start NEW with the same plan (JIT caches kept), wait
+    upgrade             gate the server 'running' (baseline, noise), switch to the candidate
+                        state's plan, gate it against the baseline: keep, or roll back
     collect             write gpu_acceptance.json, gpu_acceptance.md and logs.tar.gz to --out
 
 State lives in ``--state`` (default /root/gpuw, or $GPUW_STATE): the stage, logs and
@@ -41,5 +43,5 @@ NVSHMEM_DISABLE_NVLS=1.
 
 Modules: ``common`` (constants, the plan), ``prepare`` (controller), ``device`` (state,
 receive, check), ``install``, ``processes`` (launch, wait, stop, restart), ``measure``
-(gate, bench_serving, original flags), ``report`` (collect), ``cli``.
+(gate, bench_serving, original flags), ``upgrade``, ``report`` (collect), ``cli``.
 """

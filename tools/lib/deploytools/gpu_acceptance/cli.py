@@ -37,6 +37,7 @@ from .processes import (
     cmd_wait,
 )
 from .report import cmd_collect
+from .upgrade import cmd_upgrade
 
 # --------------------------------------------------------------------------------------
 # CLI
@@ -98,11 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("receive", help="stage one bundle folder (GPU host)")
     p.add_argument("folder", type=Path)
     sub.add_parser("check", help="check Python, GPUs, tools and disk against the manifest (GPU host)")
-    sub.add_parser("install", help="create the plan's venv and unpack packages and model (GPU host)")
+    p = sub.add_parser("install", help="create the plan's venv and unpack packages and model (GPU host)")
+    p.add_argument(
+        "--model-config",
+        type=Path,
+        help="put this config.json in the model directory (e.g. the real model's, served with --load-format dummy)",
+    )
     p = sub.add_parser("original-flags", help="run the seed's by-hand flags, capture the refusal (GPU host)")
     p.add_argument("--timeout", type=float, default=180)
     p = sub.add_parser("launch", help="start the plan in its own session (GPU host)")
     p.add_argument("name")
+    p.add_argument("--plan", type=Path, help="a rendered plan JSON instead of the manifest's")
     p = sub.add_parser("wait", help="wait for /health (GPU host)")
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=420)
@@ -123,6 +130,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("old")
     p.add_argument("new")
     p.add_argument("--timeout", type=float, default=240)
+    p = sub.add_parser("upgrade", help="an engine upgrade as a gated candidate: keep or roll back (GPU host)")
+    p.add_argument("--candidate-state", type=Path, required=True, help="state folder of the candidate's bundle")
+    p.add_argument("--candidate-plan", type=Path, help="a rendered plan JSON instead of the candidate's manifest's")
+    p.add_argument("--name", default="upgrade", help="name of this upgrade's record (default upgrade)")
+    baseline = p.add_mutually_exclusive_group()
+    baseline.add_argument("--baseline-gates", type=int, default=3, help="gates of the running server (default 3)")
+    baseline.add_argument("--baseline", type=Path, help="an earlier gate report as the baseline instead")
+    p.add_argument(
+        "--baseline-only", action="store_true", help="measure the baseline and the gate's noise, switch nothing"
+    )
+    p.add_argument(
+        "--gate-arg",
+        action="append",
+        default=[],
+        help="argument for every gate of the upgrade, after the manifest's (repeatable, e.g. --gate-arg=--requests=8)",
+    )
+    p.add_argument("--max-regression-pct", type=float, default=10.0, help="the relative gate's margin (default 10)")
+    p.add_argument("--min-running-requests", type=int, default=0, help="the capacity floor (default 0: none)")
+    p.add_argument("--timeout", type=float, default=570, help="limit for each start and each gate (default 570 s)")
     p = sub.add_parser("collect", help="write the results to --out (GPU host)")
     p.add_argument("--out", type=Path, help="results folder (default <state>/out)")
     p = sub.add_parser("run", help="receive the folders, run every step, collect (GPU host)")
@@ -158,6 +184,7 @@ DEVICE_COMMANDS = {
     "bench-serving": cmd_bench,
     "stop": cmd_stop,
     "restart": cmd_restart,
+    "upgrade": cmd_upgrade,
     "collect": cmd_collect,
     "run": cmd_run,
 }

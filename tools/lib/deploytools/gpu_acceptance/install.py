@@ -154,6 +154,32 @@ print(json.dumps(out))
 """
 
 
+# The tiny model's token ids that a real config.json must keep: the tiny tokenizer defines them.
+VISION_TOKEN_KEYS = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+
+
+def use_model_config(model_dir: Path, config: Path) -> None:
+    """Put ``config`` (e.g. the real model's config.json, served with ``--load-format dummy``) in
+    the model directory, its vision token ids pointed at the tiny tokenizer's; the tiny model's
+    own config.json is kept as config.tiny.json."""
+    tiny_config = model_dir / "config.tiny.json"
+    if not tiny_config.is_file():
+        os.replace(model_dir / "config.json", tiny_config)
+    tiny = json.loads(tiny_config.read_text())
+    real = json.loads(config.read_text())
+    for key in VISION_TOKEN_KEYS:
+        if key in real and key in tiny:
+            real[key] = tiny[key]
+    (model_dir / "config.json").write_text(json.dumps(real, indent=1) + "\n")
+
+
+def use_tiny_config(model_dir: Path) -> None:
+    """The model directory as carried (the tiny model's own config.json)."""
+    tiny_config = model_dir / "config.tiny.json"
+    if tiny_config.is_file():
+        os.replace(tiny_config, model_dir / "config.json")
+
+
 def cmd_install(args: argparse.Namespace, dev: Device) -> int:
     """Create the plan's venv on the image's Python, unpack the bundled packages and the model."""
     manifest, plan = dev.manifest(), dev.plan()
@@ -182,6 +208,9 @@ def cmd_install(args: argparse.Namespace, dev: Device) -> int:
     with tarfile.open(dev.stage / manifest["model"]["archive"], "r:gz") as tar:
         for member in tar.getmembers():
             extract_stripped(tar, member, plan.model_path)
+    if getattr(args, "model_config", None):
+        use_model_config(plan.model_path, Path(args.model_config))
+        say(f"model config: {args.model_config} (the tiny model's tokenizer and processor)")
     t_unpacked = time.time()
     done = subprocess.run(
         [str(venv_dir / "bin" / "python"), "-c", IMPORT_CHECK],

@@ -151,9 +151,8 @@ def health_status(url: str) -> int | None:
         return None
 
 
-def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
-    """Start the plan's argv with the plan's environment, in its own session."""
-    plan = dev.plan()
+def launch_server(dev: Device, name: str, plan: Plan) -> dict[str, Any]:
+    """Start ``plan``'s argv with its environment in its own session; record and return the server."""
     if not Path(plan.argv[0]).is_file():
         raise AcceptanceError(f"{plan.argv[0]} does not exist: run install first")
     if port_open(plan.port):
@@ -161,29 +160,35 @@ def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
     env, added = server_env(plan)
     for folder in cache_dirs(plan.env):
         folder.mkdir(parents=True, exist_ok=True)
-    log = dev.logs / f"server-{args.name}.log"
+    log = dev.logs / f"server-{name}.log"
     log.unlink(missing_ok=True)
     t0 = time.time()
     pid = start(plan.argv, env, log, dev.root / "run")
-    dev.set_server(
-        args.name,
-        {
-            "pid": pid,
-            "t0": t0,
-            "log": str(log),
-            "argv": plan.argv,
-            "plan_env": masked(plan.env),
-            "device_env_added": added,
-            "url": plan.url,
-            "jit_caches_before": jit_cache_sizes(plan.env),
-        },
-    )
-    say(f"launched '{args.name}' pid {pid}: {shlex.join(plan.argv)}")
+    record = {
+        "pid": pid,
+        "t0": t0,
+        "log": str(log),
+        "argv": plan.argv,
+        "plan_env": masked(plan.env),
+        "device_env_added": added,
+        "url": plan.url,
+        "jit_caches_before": jit_cache_sizes(plan.env),
+    }
+    dev.set_server(name, record)
+    say(f"launched '{name}' pid {pid}: {shlex.join(plan.argv)}")
     say(f"plan env: {json.dumps(masked(plan.env))}; device added: {json.dumps(added)}")
     time.sleep(3)
     if not alive(pid):
         print(tail(log))
-        raise AcceptanceError(f"server '{args.name}' exited at once (log above)")
+        raise AcceptanceError(f"server '{name}' exited at once (log above)")
+    return record
+
+
+def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
+    """Start the plan's argv (the manifest's, or ``--plan FILE``'s) in its own session."""
+    plan_file = getattr(args, "plan", None)
+    plan = Plan.from_dict(json.loads(Path(plan_file).read_text())) if plan_file else dev.plan()
+    launch_server(dev, args.name, plan)
     return 0
 
 

@@ -1,0 +1,121 @@
+"""tools/gpu-acceptance upgrade on the CPU: the real gate (tools/health-gate) against two installed
+stand-ins for SGLang (tests/tools/test_gpu_tools.py's FAKE_SERVER), one per engine bundle, whose
+token pace and running-request limit the plan's environment sets. SGLang itself only runs on a GPU
+host (bench/results/upgrade-gpu-*.md); what is proven here is the runner's decision: a candidate as
+fast as the baseline is kept, a slower or capacity-capped one is rolled back and the previous
+engine serves again, gated against the same baseline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from deploytools import gpu_acceptance as ga
+from test_gpu_tools import fake_bundle, free_port
+
+# Small gates: two measured requests of 12 tokens, one at a time, no warm-up.
+GATE_ARGS = ["--requests", "2", "--warmup", "0", "--max-tokens", "12", "--concurrency", "1", "--ready-timeout", "30"]
+PACE_S = 0.02
+
+
+def installed(root: Path, port: int, env: dict[str, str]) -> ga.device.Device:
+    """A state folder with the fake engine received and installed from its own bundle."""
+    dev = ga.device.Device(root / "state")
+    assert ga.device.cmd_receive(argparse.Namespace(folder=fake_bundle(root, port, env, GATE_ARGS)), dev) == 0
+    assert ga.install.cmd_install(argparse.Namespace(), dev) == 0
+    return dev
+
+
+@pytest.mark.parametrize(
+    ("candidate_env", "verdict", "failed_check"),
+    [
+        ({"FAKE_TOKEN_DELAY_S": str(PACE_S), "FAKE_VERSION": "0.5.17"}, "kept", None),
+        ({"FAKE_TOKEN_DELAY_S": str(PACE_S * 3), "FAKE_VERSION": "0.5.17"}, "rolled_back", "decode"),
+        ({"FAKE_TOKEN_DELAY_S": str(PACE_S), "FAKE_VERSION": "0.5.17", "FAKE_RUNNING": "1"}, "rolled_back", "running"),
+    ],
+    ids=["as-fast-kept", "slower-rolled-back", "capacity-capped-rolled-back"],
+)
+def test_upgrade_keeps_or_rolls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, candidate_env: dict[str, str], verdict: str, failed_check: str
+) -> None:
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
+    port = free_port()
+    running = installed(tmp_path / "running", port, {"FAKE_TOKEN_DELAY_S": str(PACE_S), "FAKE_RUNNING": "4"})
+    candidate = installed(tmp_path / "candidate", port, candidate_env)
+    ns = argparse.Namespace
+    try:
+        assert ga.processes.cmd_launch(ns(name="running"), running) == 0
+        assert ga.processes.cmd_wait(ns(name="running", timeout=30, interval=0.2), running) == 0
+        code = ga.upgrade.cmd_upgrade(
+            ns(
+                candidate_state=candidate.root,
+                candidate_plan=None,
+                name="t",
+                baseline_gates=3,
+                baseline=None,
+                baseline_only=False,
+                gate_arg=[],
+                max_regression_pct=25.0,
+                min_running_requests=4,
+                timeout=60,
+            ),
+            running,
+        )
+    finally:
+        for dev in (running, candidate):
+            for record in dev.load().get("servers", {}).values():
+                ga.processes.stop_session(record["pid"], grace_s=5)
+    record = json.loads((running.root / "upgrade-t.json").read_text())
+    assert code == 0, record
+    assert record["verdict"] == verdict
+    gates = record["baseline"]["gates"]
+    assert len(gates) == 3 and all(g["decode_tps"] for g in gates)
+    assert record["baseline"]["decode_tps_spread_pct"] is not None
+    assert record["candidate_gate"]["passed"] is (verdict == "kept")
+    if verdict == "kept":
+        assert candidate.server("running")["argv"][0] == record["candidate_argv"][0]
+        assert "rollback_start" not in record
+    else:
+        assert any(failed_check in reason for reason in record["candidate_gate"]["reasons"]), record["candidate_gate"]
+        assert record["rollback_start"]["ready"] and record["rollback_gate"]["passed"]
+        assert running.server("running")["argv"][0] == record["running_argv"][0]
+    assert Path(record["metrics_candidate"]).read_text().startswith("sglang:")
+
+
+def test_upgrade_refuses_a_candidate_from_the_running_venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
+    dev = installed(tmp_path / "running", free_port(), {})
+    dev.set_server("running", {"argv": dev.plan().argv, "pid": 0, "url": "http://127.0.0.1:1"})
+    with pytest.raises(ga.common.AcceptanceError, match="nothing to upgrade"):
+        ga.upgrade.cmd_upgrade(
+            argparse.Namespace(
+                candidate_state=dev.root,
+                candidate_plan=None,
+                name="t",
+                baseline_gates=1,
+                baseline=None,
+                baseline_only=False,
+                gate_arg=[],
+                max_regression_pct=10.0,
+                min_running_requests=0,
+                timeout=10,
+            ),
+            dev,
+        )
+
+
+def test_a_real_config_keeps_the_tiny_tokenizers_vision_ids(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"image_token_id": 7, "hidden_size": 8}))
+    real = tmp_path / "real.json"
+    real.write_text(json.dumps({"image_token_id": 248056, "hidden_size": 5120, "num_hidden_layers": 64}))
+    ga.install.use_model_config(model, real)
+    served = json.loads((model / "config.json").read_text())
+    assert served == {"image_token_id": 7, "hidden_size": 5120, "num_hidden_layers": 64}
+    ga.install.use_model_config(model, real)  # again: the tiny config kept aside is not overwritten
+    assert json.loads((model / "config.tiny.json").read_text())["hidden_size"] == 8
+    ga.install.use_tiny_config(model)
+    assert json.loads((model / "config.json").read_text())["hidden_size"] == 8

@@ -86,7 +86,7 @@ $(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bund
 	$(PYTHON) tools/build-bundle --lock $< --out $(@D)
 	touch $@
 
-prometheus: ## Debian's prometheus package (promtool) unpacked under the cache, pinned by sha256 (roles/monitoring's rules)
+prometheus: ## Debian's prometheus and node_exporter packages unpacked under the cache, pinned by sha256 (tests/monitoring, make lint)
 	tools/fetch-prometheus
 
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)

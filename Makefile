@@ -86,7 +86,8 @@ $(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bund
 	$(PYTHON) tools/build-bundle --lock $< --out $(@D)
 	touch $@
 
-prometheus: ## Debian's prometheus and node_exporter packages unpacked under the cache, pinned by sha256 (tests/monitoring, make lint)
+# After prereqs: its apt-get (an update on a machine without package lists) must not race theirs.
+prometheus: prereqs ## Debian's prometheus and node_exporter packages unpacked under the cache, pinned by sha256 (tests/monitoring, make lint)
 	tools/fetch-prometheus
 
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)
@@ -115,10 +116,10 @@ sim-up: setup ## start the local sim host (systemd container "sim")
 sim-down: ## remove the local sim host
 	ansible-playbook playbooks/sim-host.yml -e sim_host_state=absent
 
-lint: $(VENV)/.installed prometheus ## yamllint, ansible-lint (production profile), argument_specs check, promtool check rules, ruff
+lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argument_specs check, promtool check rules, ruff
 	yamllint -s .
 	ansible-lint
-	$$(tools/fetch-prometheus --promtool) check rules roles/monitoring/files/rules/*.yml
+	$$(tools/fetch-prometheus --promtool) check rules roles/monitoring/files/rules/*.yml  # fetched once (make setup)
 	$(VENV)/bin/python tools/check-argument-specs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

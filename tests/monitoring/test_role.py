@@ -7,6 +7,7 @@ own ``promtool check config`` on it. The refusals are the role's own messages.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -130,3 +131,21 @@ def test_an_sglang_server_without_metrics_is_refused(tmp_path):
     proc = run_role(tmp_path, {"inference_server_settings": {"enable_metrics": False}})
     assert proc.returncode != 0
     assert "gpu-a01 run(s) SGLang without /metrics: set inference_server_settings.enable_metrics" in proc.stdout
+
+
+def test_a_server_on_loopback_and_a_gateway_metrics_on_loopback_are_refused(tmp_path):
+    proc = run_role(tmp_path, {"inference_server_host": "127.0.0.1", "gateway_prometheus_host": "127.0.0.1"})
+    assert proc.returncode != 0
+    assert "gpu-a01, sim-a01 listen(s) on loopback only (inference_server_host)" in proc.stdout
+
+
+def test_the_allow_list_filter_reads_addresses_prefixes_and_systemd_words():
+    spec = importlib.util.spec_from_file_location("sources", ROLE / "filter_plugins" / "monitoring_sources.py")
+    sources = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sources)
+    allowed = sources.monitoring_address_allowed
+    assert allowed("10.0.4.17", ["10.0.4.0/24"]) and allowed("10.0.4.17", ["10.0.4.17"])
+    assert not allowed("10.0.5.1", ["10.0.4.0/24", "localhost"])
+    assert allowed("127.0.0.1", ["localhost"]) and allowed("fd00::2", ["any"]) and allowed("10.9.9.9", ["any"])
+    assert not allowed("mon-a01", ["any"])  # a name: systemd filters addresses
+    assert not allowed("10.0.4.17", ["not-a-prefix"]) and not allowed("10.0.4.17", [])

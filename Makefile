@@ -27,7 +27,7 @@ GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 # The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
 
-.PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down \
+.PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down prometheus \
         sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean
 
 help: ## list the targets
@@ -57,7 +57,7 @@ test: ## every test: lint, pytest, molecule scenarios, then where the time went
 
 test-setup: setup tools-venv gateway-venv sglang-check-venv model image-mlenv ## everything the tests start from
 
-setup: prereqs $(VENV)/.installed collections image wheelhouse ## host programs, controller venv, collections, base image, wheelhouse
+setup: prereqs $(VENV)/.installed collections image wheelhouse prometheus ## host programs, controller venv, collections, base image, wheelhouse, promtool
 
 prereqs: ## docker, debootstrap and rsync (apt, when root) and a running docker daemon
 	tools/host-prereqs
@@ -86,6 +86,10 @@ $(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bund
 	$(PYTHON) tools/build-bundle --lock $< --out $(@D)
 	touch $@
 
+# After prereqs: its apt-get (an update on a machine without package lists) must not race theirs.
+prometheus: prereqs ## Debian's prometheus and node_exporter packages unpacked under the cache, pinned by sha256 (tests/monitoring, make lint)
+	tools/fetch-prometheus
+
 tools-venv: $(TOOLS_VENV)/.installed ## controller-side venv of the CPU lock (model generator, local server)
 
 GW_VENV := $(CACHE)/venvs/smg
@@ -112,9 +116,10 @@ sim-up: setup ## start the local sim host (systemd container "sim")
 sim-down: ## remove the local sim host
 	ansible-playbook playbooks/sim-host.yml -e sim_host_state=absent
 
-lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argument_specs check, ruff (lint and format)
+lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argument_specs check, promtool check rules, ruff
 	yamllint -s .
 	ansible-lint
+	$$(tools/fetch-prometheus --promtool) check rules roles/monitoring/files/rules/*.yml  # fetched once (make setup)
 	$(VENV)/bin/python tools/check-argument-specs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

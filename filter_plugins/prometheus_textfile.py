@@ -14,8 +14,9 @@ node_exporter's textfile collector reads from ``*.prom`` files, e.g.::
     ...
 
 ``report`` is either a flat mapping with the keys of ``GATE_FIELDS`` (``decode_tps``,
-``ttft_p50_s``, ``ttft_p95_s``, ``accept_length`` (optional), ``passed``, ``timestamp``)
-or the health_gate module's whole report (schema 1: ``aggregate.decode_tps_mean``, ...);
+``ttft_p50_s``, ``ttft_p95_s``, ``accept_length`` (optional), ``passed``, ``timestamp``,
+the thresholds ``min_decode_tps`` and ``min_accept_length``) or the health_gate module's
+whole report (schema 1: ``aggregate.decode_tps_mean``, ``thresholds.min_accept_length``, ...);
 ``GATE_FIELDS`` is the one place that maps both to the metrics. ``passed`` is required;
 a missing or ``null`` figure (a gate that failed before measuring, an engine without an
 accept length) leaves its samples, HELP and TYPE out. ``timestamp`` is ISO 8601
@@ -25,6 +26,10 @@ Write the text atomically (``ansible.builtin.copy`` with ``content`` renames a t
 file into place) to ``/var/lib/node_exporter/textfile_collector/llm_gate.prom``, with
 ``changed_when: false``: the figures change on every run, and a measurement is not a
 change to the host (a no-op deploy must report zero changed tasks).
+
+``{{ now().timestamp() | prometheus_rollback_textfile({'host': inventory_hostname}) }}``
+renders ``llm_rollback_last_timestamp_seconds`` for ``llm_rollback.prom`` beside it
+(inference_server's rollback writes it; roles/monitoring alerts on it).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ GATE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "accept_length": (("accept_length",), ("speculative", "accept_length")),
     "passed": (("passed",),),
     "timestamp": (("timestamp",),),
+    # The gate's own thresholds (the inventory's), so alert rules compare with them per host.
+    "min_decode_tps": (("min_decode_tps",), ("thresholds", "min_decode_tps")),
+    "min_accept_length": (("min_accept_length",), ("thresholds", "min_accept_length")),
 }
 REQUIRED_FIELDS = ("passed",)
 
@@ -79,6 +87,28 @@ METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...
         "llm_gate_last_run_timestamp_seconds",
         "gauge",
         "Unix time at which the last health gate started.",
+        (("timestamp", {}),),
+    ),
+    (
+        "llm_gate_min_decode_tokens_per_second",
+        "gauge",
+        "Decode tokens/s threshold of the last health gate (health_gate_min_decode_tps; 0 = off).",
+        (("min_decode_tps", {}),),
+    ),
+    (
+        "llm_gate_min_accept_length",
+        "gauge",
+        "Accept length threshold of the last health gate (health_gate_min_accept_length; 0 = off).",
+        (("min_accept_length", {}),),
+    ),
+)
+
+# Written by inference_server's rollback (tasks/rollback.yml) to llm_rollback.prom.
+ROLLBACK_METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...] = (
+    (
+        "llm_rollback_last_timestamp_seconds",
+        "gauge",
+        "Unix time at which a deploy last rolled this host back to its last-known-good state.",
         (("timestamp", {}),),
     ),
 )
@@ -204,12 +234,15 @@ def _format_value(value: float) -> str:
     return repr(value)
 
 
-def prometheus_textfile(report: Mapping[str, Any], labels: Mapping[str, Any] | None = None) -> str:
-    """The gate report as Prometheus text exposition format (see the module docstring)."""
-    values = gate_metrics(report)
+def _render(
+    families: Sequence[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]]],
+    values: Mapping[str, float | None],
+    labels: Mapping[str, Any] | None,
+) -> str:
+    """``families`` with ``values`` (``None`` leaves a sample out) in text exposition format."""
     common = _labels(labels)
     lines: list[str] = []
-    for name, kind, help_text, samples in METRICS:
+    for name, kind, help_text, samples in families:
         rendered = []
         for key, extra in samples:
             value = values.get(key)
@@ -225,9 +258,25 @@ def prometheus_textfile(report: Mapping[str, Any], labels: Mapping[str, Any] | N
     return "\n".join(lines) + "\n"
 
 
+def prometheus_textfile(report: Mapping[str, Any], labels: Mapping[str, Any] | None = None) -> str:
+    """The gate report as Prometheus text exposition format (see the module docstring)."""
+    return _render(METRICS, gate_metrics(report), labels)
+
+
+def prometheus_rollback_textfile(timestamp: Any, labels: Mapping[str, Any] | None = None) -> str:
+    """A rollback's time (ISO 8601 or Unix seconds) as ``llm_rollback_last_timestamp_seconds``."""
+    moment = _timestamp(timestamp)
+    if moment is None:
+        raise AnsibleFilterError("prometheus_rollback_textfile: the rollback's timestamp is missing")
+    return _render(ROLLBACK_METRICS, {"timestamp": moment}, labels)
+
+
 class FilterModule:
     """Ansible filters for the Prometheus textfile of the health gate."""
 
     def filters(self) -> dict[str, Any]:
         """Map filter names to functions."""
-        return {"prometheus_textfile": prometheus_textfile}
+        return {
+            "prometheus_textfile": prometheus_textfile,
+            "prometheus_rollback_textfile": prometheus_rollback_textfile,
+        }

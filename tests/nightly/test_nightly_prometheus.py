@@ -118,6 +118,8 @@ FLAT = {
     "accept_length": 2.1,
     "passed": True,
     "timestamp": "2026-11-30T02:00:41Z",
+    "min_decode_tps": 30,
+    "min_accept_length": 1.5,
 }
 
 
@@ -132,6 +134,8 @@ def test_flat_report_round_trips():
     assert sample(fam, "llm_gate_passed", **labels) == 1
     stamp = dt.datetime(2026, 11, 30, 2, 0, 41, tzinfo=dt.timezone.utc).timestamp()
     assert sample(fam, "llm_gate_last_run_timestamp_seconds", **labels) == stamp
+    assert sample(fam, "llm_gate_min_decode_tokens_per_second", **labels) == 30
+    assert sample(fam, "llm_gate_min_accept_length", **labels) == 1.5
     assert list(fam) == [m[0] for m in pt.METRICS]
     assert all(f["type"] == "gauge" and f["help"] for f in fam.values())
 
@@ -144,6 +148,9 @@ def test_recorded_gate_report_is_mapped():
     assert sample(fam, "llm_gate_ttft_seconds", host="ct129", quantile="0.95") == report["aggregate"]["ttft_p95_s"]
     assert sample(fam, "llm_gate_accept_length", host="ct129") == report["speculative"]["accept_length"]
     assert sample(fam, "llm_gate_passed", host="ct129") == 1
+    thresholds = report["thresholds"]
+    assert sample(fam, "llm_gate_min_accept_length", host="ct129") == thresholds["min_accept_length"]
+    assert sample(fam, "llm_gate_min_decode_tokens_per_second", host="ct129") == thresholds["min_decode_tps"]
     failed = recorded_event("health_gate_fail.json")["event_data"]["res"]["report"]
     assert sample(parse_exposition(pt.prometheus_textfile(failed)), "llm_gate_passed") == 0
 
@@ -155,6 +162,15 @@ def test_missing_figures_leave_their_family_out():
     assert fam["llm_gate_ttft_seconds"]["samples"] == {(("quantile", "0.5"),): 1.5}
     assert sample(fam, "llm_gate_last_run_timestamp_seconds") == 1764468041
     assert "decode" not in pt.prometheus_textfile(report)
+
+
+def test_rollback_time_is_rendered_and_a_missing_one_refused():
+    fam = parse_exposition(pt.prometheus_rollback_textfile("2026-11-30T02:05:00Z", {"host": "ct129"}))
+    stamp = dt.datetime(2026, 11, 30, 2, 5, tzinfo=dt.timezone.utc).timestamp()
+    assert fam["llm_rollback_last_timestamp_seconds"]["samples"] == {(("host", "ct129"),): stamp}
+    assert fam["llm_rollback_last_timestamp_seconds"]["type"] == "gauge"
+    with pytest.raises(pt.AnsibleFilterError, match="timestamp is missing"):
+        pt.prometheus_rollback_textfile(None)
 
 
 def test_label_values_are_escaped():

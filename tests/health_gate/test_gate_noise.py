@@ -114,6 +114,7 @@ def test_ttft_within_the_relative_gates_slack_is_not_noise_and_counts_must_not_c
     # 0.04 s -> 0.06 s is 40 % of the median but 20 ms: the relative gate ignores it (0.1 s slack)
     rep = llm_gate.repeatability(_runs([100, 100.5, 100.2], [0.04, 0.06, 0.05]), 10.0, min_ttft_delta_s=0.1)
     assert rep["figures"]["ttft_p95_s"]["spread_pct"] == pytest.approx(40.0) and rep["ok"]
+    assert rep["figures"]["ttft_p95_s"]["note"] == "range within the TTFT slack (0.1 s)"
     assert not llm_gate.repeatability(_runs([100, 100.5, 100.2], [0.04, 0.06, 0.05]), 10.0)["ok"]
     capped = _runs([100, 100.5, 100.2], [0.05] * 3, effective_max_running_requests=[4, 4, 1])
     rep = llm_gate.repeatability(capped, 10.0, min_ttft_delta_s=0.1)

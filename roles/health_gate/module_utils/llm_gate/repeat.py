@@ -100,6 +100,8 @@ def repeatability(runs: Sequence[dict[str, Any]], margin_pct: float, min_ttft_de
             if name in JUDGED:
                 small_ttft = name == "ttft_p95_s" and max(known) - min(known) <= min_ttft_delta_s
                 row["ok"] = spread is not None and (spread < limit or small_ttft)
+                if small_ttft and not (spread is not None and spread < limit):
+                    row["note"] = f"range within the TTFT slack ({min_ttft_delta_s:g} s)"
         figures[name] = row
     judged_ok = [figures[name]["ok"] for name in (*JUDGED, *COUNTS) if name in figures]
     every_run_passed = all(run.get("passed") for run in runs)
@@ -187,6 +189,8 @@ def repeat_table(result: dict[str, Any]) -> str:
                 continue
             what = f"spread {_cell(row.get('spread_pct'), 1)} %" if name not in COUNTS else "same in every run"
             verdict = "" if "ok" not in row else (" ok" if row["ok"] else " TOO NOISY")
+            if row.get("note"):
+                verdict += f" ({row['note']})"
             if name in COUNTS and not row["ok"]:
                 what, verdict = f"changed ({row['min']}-{row['max']})", " NOT STEADY"
             label = name.replace("ttft_p95_s", f"TTFT {TTFT_STATISTIC}")

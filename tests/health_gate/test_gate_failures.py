@@ -62,9 +62,10 @@ def test_requests_are_streaming_greedy_fixed_length_and_ask_for_usage(fake_serve
         assert body["stream_options"] == {"include_usage": True}
         assert body["model"] == "fake-model"
         assert req["headers"]["Authorization"] == "Bearer sk-test-key"
-    # prompts are used round-robin, measured requests continue after the warm-up ones
+    # prompts are used round-robin; the measured requests start again at the first, as the warm-up did
     contents = [r["body"]["messages"][0]["content"] for r in chats]
     assert contents == ["alpha prompt", "beta prompt", "alpha prompt", "beta prompt", "alpha prompt"]
+    assert [r["prompt_id"] for r in report["requests"]] == ["prompt-0", "prompt-1", "prompt-0"]
     assert "sk-test-key" not in json.dumps(report)
 
 

@@ -75,9 +75,11 @@ def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_s
     report = json.loads(proc.stdout)
     assert report["passed"] and report["engine"] == "transformers" and report["model"] == srv["model"]
     assert len(report["requests"]) == 3
+    assert report["settings"]["fixed_output"] == "min_new_tokens"
     for req in report["requests"]:
-        # tokens come from the server's usage: at most max_tokens, and the random model may stop early
-        assert 1 <= req["completion_tokens"] <= 24
+        # tokens come from the server's usage: exactly max_tokens, the gate asked transformers serve for
+        # min_new_tokens (the random model stops early at EOS otherwise)
+        assert req["completion_tokens"] == 24 and req["finish_reason"] == "length"
         assert req["prompt_tokens"] > 50  # the shipped prompts are long coding prompts
         assert req["ttft_s"] > 0 and req["e2e_s"] >= req["ttft_s"]
     agg = report["aggregate"]
@@ -85,6 +87,27 @@ def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_s
     assert agg["decode_tps_mean"] and agg["decode_tps_mean"] > 1
     assert report["speculative"]["accept_length"] is None  # transformers reports none: check not applied
     assert report["notes"] and "/v1/models lists no model" in report["notes"][0]
+
+
+def test_cli_repeat_measures_the_gates_own_noise_on_the_real_server(rehearsal_server, tmp_path):
+    """``--repeat``: whole gates of the one real server, each figure's spread against a third of the margin
+    (one short prompt, so that it costs seconds of make test)."""
+    srv = rehearsal_server
+    prompts = tmp_path / "prompts.json"
+    prompts.write_text(json.dumps(["Write a haiku about a cache."]))
+    proc = run_cli(
+        *("--url", srv["url"], "--model", srv["model"], "--engine", "transformers", "--prompts", str(prompts)),
+        *("--warmup", "1", "--requests", "1", "--max-tokens", "8", "--repeat", "2", "--max-regression-pct", "900"),
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    block = result["concurrencies"]["1"]
+    assert result["limit_pct"] == 300.0 and len(block["runs"]) == 2
+    assert all(run["completion_tokens"] == [8] for run in block["runs"])  # exactly max_tokens (min_new_tokens)
+    decode = block["repeatability"]["figures"]["decode_tps_mean"]
+    assert all(v > 1 for v in decode["values"]) and decode["spread_pct"] >= 0 and decode["ok"]
+    assert "accept_length" not in block["repeatability"]["figures"]  # transformers serve reports none
 
 
 def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal_server, tmp_path):

@@ -93,6 +93,27 @@ def test_not_compared_when_nothing_changed_or_the_measurement_differs(changes, n
     assert (checks, reasons, got) == ([], [], note)
 
 
+def test_a_baseline_of_another_warm_up_or_output_length_is_not_compared():
+    """The warm-up decides what the prefix cache holds; fixed_output whether outputs stop at EOS."""
+    warm = dict(BASELINE, warmup_requests=8, fixed_output="ignore_eos")
+
+    def against(warmup: int, fixed: str | None):
+        return llm_gate.compare_baseline(
+            {"decode_tps_mean": 10.0, "ttft_p95_s": 0.5}, {"value": None}, cfg(baseline=warm, warmup_requests=warmup),
+            None, fixed,
+        )  # fmt: skip
+
+    prefix = "not compared with the last-known-good: it was measured with another "
+    assert against(2, "ignore_eos") == ([], [], prefix + "warmup_requests")
+    assert against(8, None) == ([], [], prefix + "fixed_output")
+    # the same measurement is compared (and 10 tok/s against 40 fails)
+    _, reasons, note = against(8, "ignore_eos")
+    assert note is None and reasons[0].startswith("decode 10.0 tok/s is 75.0 % below")
+    # a baseline recorded before these settings existed is compared as before
+    _, reasons, note = compare(10.0, 0.5, warmup_requests=2)
+    assert note is None and reasons[0].startswith("decode 10.0 tok/s is 75.0 % below")
+
+
 def test_off_without_a_baseline_or_a_margin():
     assert compare(10.0, 9.0, baseline=None) == ([], [], None)
     assert compare(10.0, 9.0, max_regression_pct=0) == ([], [], None)
@@ -117,13 +138,21 @@ def test_bad_relative_options_are_usage_errors(changes, error):
 
 
 def test_a_report_gives_the_baseline_the_next_deploy_compares_with():
+    settings = {
+        "requests": 8,
+        "concurrency": 1,
+        "max_tokens": 256,
+        "prompts": ["a", "b"],
+        "warmup_requests": 8,
+        "fixed_output": "ignore_eos",
+    }
     report = {
         "metadata": {"unit_sha256": "u1"},
         "timestamp": "t",
         "aggregate": {"decode_tps_mean": 41.0, "ttft_p95_s": 0.4},
         "speculative": {"accept_length": 2.1},
         "capacity": {"effective_max_running_requests": 4, "requested": 4},
-        "settings": {"requests": 8, "concurrency": 1, "max_tokens": 256, "prompts": ["a", "b"]},
+        "settings": dict(settings, temperature=0, api_key_set=False),
     }
     assert llm_gate.baseline_of(report) == {
         "unit_sha256": "u1",
@@ -132,10 +161,7 @@ def test_a_report_gives_the_baseline_the_next_deploy_compares_with():
         "accept_length": 2.1,
         "effective_max_running_requests": 4,
         "timestamp": "t",
-        "requests": 8,
-        "concurrency": 1,
-        "max_tokens": 256,
-        "prompts": ["a", "b"],
+        **settings,
     }
 
 

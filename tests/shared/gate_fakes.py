@@ -60,7 +60,9 @@ class FakeLLMServer:
     (dict or None for 404), ``generate_meta`` (dict), and ``chat`` with ``mode`` in
     ok/stall/drop/no_usage/http_error/stream_error, ``chunks``, ``tokens_per_chunk``,
     ``ttft``, ``gap``, ``done`` (send [DONE]), ``status``/``body`` for http_error,
-    ``stall_after`` chunks for stall.
+    ``stall_after`` chunks for stall, ``eos_after`` chunks (a random model's early EOS: the stream
+    stops there with finish_reason ``stop`` unless the request asks for a fixed length, as SGLang's
+    ``ignore_eos`` or transformers serve's ``generation_config`` ``min_new_tokens`` do).
     """
 
     def __init__(self, port: int = 0, **scenario: Any) -> None:
@@ -159,6 +161,10 @@ class FakeLLMServer:
                 self.end_headers()
                 self._write_chunk(chunk({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
                 n, per = int(c.get("chunks", 11)), int(c.get("tokens_per_chunk", 1))
+                fixed = body.get("ignore_eos") is True or "min_new_tokens" in str(body.get("generation_config"))
+                finish = "length"
+                if c.get("eos_after") and not fixed:
+                    n, finish = min(n, int(c["eos_after"])), "stop"
                 if server.stop_event.wait(c.get("ttft", 0.05)):
                     return
                 for i in range(n):
@@ -180,10 +186,8 @@ class FakeLLMServer:
                     self._write_chunk(chunk(content_chunk("tok " * per)))
                 total = n * per
                 usage = {"prompt_tokens": 17, "completion_tokens": total, "total_tokens": 17 + total}
-                if mode == "no_usage":
-                    self._write_chunk(chunk(content_chunk("", finish="length")))
-                else:
-                    self._write_chunk(chunk(content_chunk("", finish="length")))
+                self._write_chunk(chunk(content_chunk("", finish=finish)))
+                if mode != "no_usage":
                     self._write_chunk(chunk({"object": "chat.completion.chunk", "choices": [], "usage": usage}))
                 if c.get("done", True):
                     self._write_chunk(chunk("[DONE]"))

@@ -94,7 +94,11 @@ options:
     type: float
     default: 300
   warmup_requests:
-    description: Requests sent (and not measured) before the measurement.
+    description:
+      - Requests sent (and not measured) before the measurement, at its shapes - the measured prompts from
+        the first on, at O(concurrency) (at least that many requests), the same output length - so first-request
+        JIT, kernel selection for new prompt lengths and the prefix cache are behind the measurement. Set it
+        to O(requests) for every measured prompt to have run once (what repeated gates need to agree). 0 - none.
     type: int
     default: 2
   requests:
@@ -106,7 +110,9 @@ options:
     type: int
     default: 1
   max_tokens:
-    description: C(max_tokens) of every request (at least 2).
+    description:
+      - C(max_tokens) of every request (at least 2). SGLang (C(ignore_eos)) and transformers serve
+        (C(generation_config) C(min_new_tokens)) are asked for exactly this many tokens; other engines may stop early.
     type: int
     default: 256
   prompts:
@@ -145,7 +151,8 @@ options:
     description:
       - "The last-known-good's gate figures, for the relative gate: C(decode_tps_mean), C(ttft_p95_s),
         C(accept_length), C(effective_max_running_requests), the C(unit_sha256) they were measured on
-        and the measurement (C(requests), C(concurrency), C(max_tokens), C(prompts)); what the role
+        and the measurement (C(requests), C(concurrency), C(max_tokens), C(prompts), C(warmup_requests),
+        C(fixed_output)); what the role
         records in last-known-good."
       - Compared only when O(max_regression_pct) is above 0, the unit differs from the baseline's
         (C(metadata.unit_sha256)) and the measurement is the same; the report says why not otherwise.

@@ -7,7 +7,16 @@ Waits for readiness (connection refused = loading, 503 = warming up) while watch
 systemd unit (``--unit``) or a process (``--pid``, with ``--log`` quoted when it dies),
 then measures streaming chat completions and compares them with the thresholds.
 
-Exit status: 0 pass, 1 fail (server down, not ready in time, too slow, ...), 2 usage error.
+The gate's own noise (docs/health-gate.md): ``--repeat N`` runs N whole gates back to back
+against the one unchanged server (one stream at a time and, with ``--concurrency C`` above 1,
+at C, alternating), prints each run's decode tok/s, TTFT, accept length and running requests,
+and the spread (max - min) / median of each figure against a third of ``--max-regression-pct``:
+
+    tools/health-gate --url http://127.0.0.1:30000 --pid PID --engine sglang \
+        --warmup 8 --requests 8 --concurrency 4 --repeat 5 [--json]
+
+Exit status: 0 pass, 1 fail (server down, not ready in time, too slow, ...), 2 usage error;
+with ``--repeat``: 0 when every run passed and the noise is under a third of the margin.
 With ``--json`` stdout carries exactly one JSON object (the report, or ``{"error": ...}``
 for a usage error); progress goes to stderr unless ``--quiet``.
 
@@ -117,6 +126,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=10.0,
         help="with --baseline: fail when a figure is worse than the baseline's by more than this %% (default 10)",
     )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure the gate's own noise: N gates of this one server (one stream and --concurrency), "
+        "the spread of each figure against a third of --max-regression-pct (no --baseline)",
+    )
     p.add_argument("--journal-max-lines", type=int, default=d["journal_max_lines"])
     p.add_argument("--report-dir", help="store the report there (<UTC timestamp>.json + latest.json)")
     p.add_argument("--keep-reports", type=int, default=d["keep_reports"])
@@ -144,6 +161,13 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
             raise llm_gate.GateUsageError(f"cannot read --api-key-file: {exc}") from exc
     if args.log_file and not args.pid:
         raise llm_gate.GateUsageError("--log goes with --pid")
+    if args.repeat < 0 or args.repeat == 1:
+        raise llm_gate.GateUsageError(f"--repeat wants 2 or more runs (0: one ordinary gate), got {args.repeat}")
+    if args.repeat and args.baseline:
+        raise llm_gate.GateUsageError(
+            "--repeat measures the gate against the same server: leave out --baseline (the margin is "
+            "--max-regression-pct)"
+        )
     baseline = None
     if args.baseline:
         try:
@@ -183,6 +207,18 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def repeat(args: argparse.Namespace, options: dict[str, Any], progress: Any) -> int:
+    """``--repeat N``: the runs and the spread of their figures (JSON with ``--json``); the exit status."""
+    result = llm_gate.run_repeat(
+        options, args.repeat, args.max_regression_pct, progress=None if args.quiet else progress
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print(llm_gate.repeat_table(result))
+    return EXIT_PASS if result["ok"] else EXIT_FAIL
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the gate; return the exit status."""
     args = parse_args(argv)
@@ -193,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
 
     try:
-        report = llm_gate.run_gate(options_from(args), progress=None if args.quiet else progress)
+        options = options_from(args)
+        if args.repeat:
+            return repeat(args, options, progress)
+        report = llm_gate.run_gate(options, progress=None if args.quiet else progress)
     except llm_gate.GateUsageError as exc:
         if args.json:
             print(json.dumps({"error": str(exc), "usage": True}))

@@ -17,9 +17,12 @@ What a gate run does, in order (:func:`run_gate`):
    with the unit's state and the journal of *this* start of the unit.
 2. **Discovery.** Engine (``/server_info`` or ``/get_server_info`` answers: SGLang),
    server version, model id (``/v1/models``, or the ``model`` option).
-3. **Measurement.** Warm-up requests, then N streaming chat completions
-   (temperature 0, fixed ``max_tokens``, ``stream_options.include_usage``) with a
-   configurable concurrency. Per request: TTFT, inter-chunk latency, decode tokens/s
+3. **Measurement.** Untimed warm-up requests at the measurement's shapes (its prompts
+   from the first on, its concurrency and output length), then N streaming chat
+   completions (temperature 0, exactly ``max_tokens`` tokens where the engine can be told
+   so: SGLang ``ignore_eos``, transformers serve ``min_new_tokens``;
+   ``stream_options.include_usage``) with a configurable concurrency. Per request: TTFT,
+   inter-chunk latency, decode tokens/s
    = (completion_tokens - 1) / (t_last_token - t_first_token), end-to-end latency.
    Token counts come from the server's ``usage``, never from chunk counts.
 4. **Speculative decoding and capacity** (SGLang, one more ``/server_info`` read): the MTP
@@ -38,7 +41,8 @@ disk as ``<UTC timestamp>.json`` plus ``latest.json`` and prunes the history.
 One concern a module: :mod:`.config` (options, rules, :class:`GateConfig`), :mod:`.prompts`,
 :mod:`.errors`, :mod:`.stats`, :mod:`.redaction`, :mod:`.client` (HTTP), :mod:`.watchers`
 and :mod:`.monitor` (unit or PID), :mod:`.readiness`, :mod:`.discovery`, :mod:`.streaming`,
-:mod:`.verdict`, :mod:`.report` (storage) and :mod:`.gate` (:func:`run_gate`). The names
+:mod:`.verdict`, :mod:`.report` (storage), :mod:`.gate` (:func:`run_gate`) and :mod:`.repeat`
+(:func:`run_repeat`: the gate's own noise over repeated gates of one server). The names
 below are the package's public face; import them from ``llm_gate`` itself.
 """
 
@@ -77,9 +81,10 @@ from .monitor import Monitor
 from .prompts import FALLBACK_PROMPTS, load_prompts
 from .readiness import HEALTH_PATH, PHASE_TEXT, STATE_TEXT, probe_health, wait_ready
 from .redaction import redact, redact_text
+from .repeat import repeat_table, repeatability, run_repeat, spread_pct
 from .report import REPORT_NAME_RE, store_report, utc_now
 from .stats import aggregate, decode_tps, percentile
-from .streaming import CHAT_PATH, RequestResult, run_requests, stream_chat
+from .streaming import CHAT_PATH, FIXED_OUTPUT, RequestResult, fixed_output_fields, run_requests, stream_chat
 from .verdict import baseline_of, capacity_reason, compare_baseline, evaluate, failure_message, summary_line
 from .watchers import (
     CLD_CODES,
@@ -106,6 +111,7 @@ __all__ = [
     "ENGINES",
     "EXCEPTION_RE",
     "FALLBACK_PROMPTS",
+    "FIXED_OUTPUT",
     "HEALTH_PATH",
     "PHASE_TEXT",
     "RANGE_RULES",
@@ -137,6 +143,7 @@ __all__ = [
     "decode_tps",
     "evaluate",
     "failure_message",
+    "fixed_output_fields",
     "generate_accept_length",
     "get_server_info",
     "last_exception_line",
@@ -149,9 +156,13 @@ __all__ = [
     "quote_body",
     "redact",
     "redact_text",
+    "repeat_table",
+    "repeatability",
     "resolve_model",
     "run_gate",
+    "run_repeat",
     "run_requests",
+    "spread_pct",
     "store_report",
     "stream_chat",
     "summary_line",

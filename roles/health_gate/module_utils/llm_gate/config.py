@@ -29,8 +29,10 @@ BASELINE_FIGURES = {
 }
 # Of those, the counts where any drop is worse (not a drop of more than max_regression_pct).
 BASELINE_COUNTS = ("effective_max_running_requests",)
-# What must be equal for two gates to be compared: the same measurement on the same prompts.
-BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts")
+# What must be equal for two gates to be compared: the same measurement on the same prompts
+# (the warm-up decides what the prefix cache holds; ``fixed_output``: how the engine was asked for
+# exactly max_tokens tokens, None when it could not be). A baseline that lacks one is compared.
+BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts", "warmup_requests", "fixed_output")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ from .readiness import PHASE_TEXT, wait_ready
 from .redaction import redact
 from .report import TIMESTAMP_FORMAT, utc_now
 from .stats import aggregate, rounded
-from .streaming import run_requests
+from .streaming import fixed_output_fields, run_requests
 from .verdict import compare_baseline, evaluate, summary_line
 from .watchers import NullWatcher, PidWatcher, UnitWatcher, make_watcher
 
@@ -109,32 +109,58 @@ def _measure(
     cfg: GateConfig,
     monitor: Monitor,
     model: str,
+    engine: str,
     report: dict[str, Any],
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Warm-up requests, then the measured ones; the aggregate (also noted in ``report``)."""
+    """Warm-up requests, then the measured ones; the aggregate (also noted in ``report``).
+
+    Both ask the engine for exactly ``max_tokens`` tokens where it can (:func:`fixed_output_fields`).
+    The warm-up is untimed and has the measurement's shapes: the same prompts from the first one on,
+    in the same order, at the measured concurrency (at least ``concurrency`` requests, so each batch
+    size the measurement reaches has run once) and the same output length; first-request JIT, kernel
+    selection for new prompt lengths and the prefix cache are then behind the measurement.
+    """
+    fixed, extra = fixed_output_fields(engine, cfg.max_tokens)
+    report["settings"]["fixed_output"] = fixed
+    if not fixed:
+        report["notes"].append(
+            f"engine {engine}: the gate cannot ask for exactly max_tokens tokens, so requests may stop early "
+            "at EOS and decode speeds cover different lengths"
+        )
+    if cfg.requests % cfg.concurrency:
+        report["notes"].append(
+            f"requests {cfg.requests} is not a multiple of concurrency {cfg.concurrency}: the last "
+            f"{cfg.requests % cfg.concurrency} run with fewer requests at once"
+        )
     if cfg.warmup_requests:
         report["phase"] = monitor.phase = "warmup"
         warm, warm_wall = run_requests(
             endpoint,
             model,
             cfg.prompts,
-            cfg.warmup_requests,
-            min(cfg.concurrency, cfg.warmup_requests),
+            max(cfg.warmup_requests, cfg.concurrency),
+            cfg.concurrency,
             cfg.max_tokens,
             cfg.request_timeout_s,
             monitor,
             first_index=0,
+            extra=extra,
         )
         report["warmup"] = {
             "requests": len(warm),
+            "concurrency": cfg.concurrency,
             "wall_s": rounded(warm_wall, 3),
             "ttft_s": [rounded(r.ttft_s) for r in warm],
+            "decode_tps": [rounded(r.decode_tps, 3) for r in warm],
         }
-        say(f"warm-up: {len(warm)} requests in {warm_wall:.1f} s")
+        say(f"warm-up: {len(warm)} requests in {warm_wall:.1f} s (not measured)")
 
     report["phase"] = monitor.phase = "measure"
-    say(f"measuring: {cfg.requests} requests, concurrency {cfg.concurrency}, max_tokens {cfg.max_tokens}")
+    say(
+        f"measuring: {cfg.requests} requests, concurrency {cfg.concurrency}, max_tokens {cfg.max_tokens}"
+        + (f" (exactly, {fixed})" if fixed else "")
+    )
     results, wall = run_requests(
         endpoint,
         model,
@@ -144,7 +170,8 @@ def _measure(
         cfg.max_tokens,
         cfg.request_timeout_s,
         monitor,
-        first_index=cfg.warmup_requests,
+        first_index=0,
+        extra=extra,
     )
     report["requests"] = [r.as_dict() for r in results]
     agg = aggregate(results, wall)
@@ -152,6 +179,12 @@ def _measure(
     short = [r.index for r in results if r.decode_tps is None]
     if short:
         report["notes"].append(f"requests {short} produced fewer than 2 tokens (or one chunk): no decode speed")
+    stopped = [r.index for r in results if fixed and r.completion_tokens < cfg.max_tokens]
+    if stopped:
+        report["notes"].append(
+            f"requests {stopped} stopped before max_tokens although the gate asked for exactly {cfg.max_tokens} "
+            f"tokens ({fixed}): the engine ignored it"
+        )
     return agg
 
 
@@ -223,7 +256,7 @@ def _judge(
     """The absolute thresholds and the relative gate; the verdict goes into ``report``."""
     report["phase"] = "evaluate"
     report["checks"], report["reasons"] = evaluate(agg, accept, cfg, capacity)
-    relative, worse, note = compare_baseline(agg, accept, cfg, capacity)
+    relative, worse, note = compare_baseline(agg, accept, cfg, capacity, report["settings"].get("fixed_output"))
     report["checks"] += relative
     report["reasons"] += worse
     if cfg.baseline:
@@ -262,7 +295,7 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
 
         engine, info, model = _discover(endpoint, cfg, monitor, report)
         say(f"engine {engine}{(' ' + str(report['version'])) if report['version'] else ''}, model {model}")
-        agg = _measure(endpoint, cfg, monitor, model, report, say)
+        agg = _measure(endpoint, cfg, monitor, model, engine, report, say)
 
         report["phase"] = monitor.phase = "speculative"
         info_after = _info_after(endpoint, cfg, monitor, engine)

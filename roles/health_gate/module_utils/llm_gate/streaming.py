@@ -19,6 +19,24 @@ from .stats import decode_tps, mean_of, percentile, rounded
 
 CHAT_PATH = "/v1/chat/completions"
 
+# How each engine is asked for exactly ``max_tokens`` tokens (no early stop at EOS or a stop token),
+# so that every request, every gate and every engine version decodes the same number of tokens:
+# SGLang's OpenAI endpoint takes ``ignore_eos`` (it skips every stop-token check; ``min_tokens``
+# would add a penalizer to each step); ``transformers serve`` refuses unknown fields with HTTP 422
+# but takes a ``generation_config`` JSON string, whose ``min_new_tokens`` masks EOS until then.
+# Other engines get the plain request (their outputs may stop early; the report says so).
+FIXED_OUTPUT = {"sglang": "ignore_eos", "transformers": "min_new_tokens"}
+
+
+def fixed_output_fields(engine: str, max_tokens: int) -> tuple[str | None, dict[str, Any]]:
+    """(the method's name or None, the request fields) that make ``engine`` decode exactly ``max_tokens``."""
+    method = FIXED_OUTPUT.get(engine)
+    if method == "ignore_eos":
+        return method, {"ignore_eos": True}
+    if method == "min_new_tokens":
+        return method, {"generation_config": json.dumps({"min_new_tokens": int(max_tokens)})}
+    return None, {}
+
 
 class RequestResult:
     """Timings and token counts of one streamed chat completion."""
@@ -74,8 +92,11 @@ def stream_chat(
     index: int = 0,
     t_zero: float | None = None,
     register: Callable[[http.client.HTTPConnection], None] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> RequestResult:
     """Send one streaming chat completion and time it; raise :class:`RequestError`.
+
+    ``extra`` fields are added to the request body (:func:`fixed_output_fields`).
 
     ``timeout_s`` bounds both silence on the socket (a stalled stream) and the whole
     request. A stream that ends without ``finish_reason``/``[DONE]`` was dropped; one
@@ -90,6 +111,7 @@ def stream_chat(
         "max_tokens": max_tokens,
         "stream_options": {"include_usage": True},
     }
+    payload.update(extra or {})
     conn = endpoint.connect(timeout_s)
     if register:
         register(conn)
@@ -201,8 +223,11 @@ def run_requests(
     timeout_s: float,
     monitor: Monitor,
     first_index: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> tuple[list[RequestResult], float]:
     """Run ``count`` requests, ``concurrency`` at a time; (results in order, wall seconds).
+
+    Request ``i`` sends prompt ``first_index + i`` (round-robin) with the body fields ``extra``.
 
     The first failed request stops the run; the watcher is asked first, so a server that
     died is reported as such.
@@ -230,7 +255,9 @@ def run_requests(
                 return
             prompt = prompts[(first_index + i) % len(prompts)]
             try:
-                res = stream_chat(endpoint, model, prompt, max_tokens, timeout_s, first_index + i, t_zero, register)
+                res = stream_chat(
+                    endpoint, model, prompt, max_tokens, timeout_s, first_index + i, t_zero, register, extra
+                )
             except BaseException as exc:  # noqa: BLE001 - reported by the main thread
                 with lock:
                     errors.append(exc)

@@ -150,13 +150,18 @@ def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare_baseline(
-    agg: dict[str, Any], accept: dict[str, Any], cfg: GateConfig, capacity: dict[str, Any] | None = None
+    agg: dict[str, Any],
+    accept: dict[str, Any],
+    cfg: GateConfig,
+    capacity: dict[str, Any] | None = None,
+    fixed_output: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], str | None]:
     """The relative gate: (checks, failure reasons, note) against ``cfg.baseline``.
 
     Compared only when there is a baseline, ``max_regression_pct`` is above 0, the unit is
     not the baseline's own (same unit sha256: nothing changed, so nothing to compare) and
-    the measurement is the same (requests, concurrency, max_tokens, prompts). A figure fails
+    the measurement is the same (requests, concurrency, max_tokens, prompts, warmup_requests, and ``fixed_output``, how
+    this gate asked the engine for exactly max_tokens tokens; a baseline without it is compared). A figure fails
     when it is worse than the baseline's by more than ``max_regression_pct`` percent; TTFT
     also needs to be worse by more than ``regression_min_ttft_delta_s`` seconds (a few tens
     of milliseconds of jitter are most of a small TTFT). The running-request limit (``capacity``,
@@ -171,10 +176,12 @@ def compare_baseline(
     if unit and baseline.get("unit_sha256") == unit:
         return [], [], "not compared with the last-known-good: the unit is the last-known-good one"
     ours = {
+        "warmup_requests": cfg.warmup_requests,
         "requests": cfg.requests,
         "concurrency": cfg.concurrency,
         "max_tokens": cfg.max_tokens,
         "prompts": cfg.prompt_ids,
+        "fixed_output": fixed_output,
     }
     differs = [key for key in BASELINE_SETTINGS if baseline.get(key) is not None and baseline.get(key) != ours[key]]
     if differs:

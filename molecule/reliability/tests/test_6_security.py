@@ -1,7 +1,7 @@
 """Security refusals of issue 26, each a real deploy.yml run against the serving container, recorded
 in the bad-input table: a control character from a model's config.json, a service account that
-cannot reach its venv, root without asking for it, a tampered wheel in the wheelhouse. Then the
-modes of the deploy's own state (the deploy directory, the gate reports, the converged record).
+cannot reach its venv, root without asking for it, a tampered wheel in the wheelhouse (the modes of
+the deploy's own state are in test_4_files.py).
 
 Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
 ``refuse``: same MainPID and start time, unit, secrets, venv and model links, the lock given back).
@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import CACHE, REPO, UNIT, Deployer, record, sh
+from conftest import CACHE, REPO, UNIT, Deployer, sh
 from test_1_bad_input import TINY, Case, refuse
 
 INJECTION = "\nExecStartPre=+/usr/bin/touch /tmp/pwned\n"
@@ -100,28 +100,3 @@ def test_security_input_is_refused_before_the_server_changes(
     if case_id == "control-character":
         assert sh("test -e /tmp/pwned && echo PWNED || echo clean").strip() == "clean"
         assert "ExecStartPre=+/usr/bin/touch" not in sh(f"cat /etc/systemd/system/{UNIT}.service")
-
-
-# path -> (type, user, group, mode): the deploy's own state, root's only (issue 26 item 6).
-STATE = {
-    f"/var/lib/{UNIT}-deploy": ("directory", "root", "root", 0o700),
-    f"/var/lib/{UNIT}-deploy/gate": ("directory", "root", "root", 0o700),
-    f"/var/lib/{UNIT}-deploy/gate/latest.json": ("file", "root", "root", 0o600),
-    f"/var/lib/{UNIT}-deploy/converged.json": ("file", "root", "root", 0o600),
-}
-
-
-@pytest.mark.parametrize("path", sorted(STATE))
-def test_the_deploys_state_is_roots_only(host, path: str) -> None:
-    kind, user, group, mode = STATE[path]
-    found = host.file(path)
-    record(
-        "files",
-        path=path,
-        expected=f"{kind} {user}:{group} {mode:04o}",
-        found=f"{'directory' if found.is_directory else 'file'} {found.user}:{found.group} {found.mode:04o}"
-        if found.exists
-        else "missing",
-    )
-    assert found.exists, path
-    assert (found.user, found.group, found.mode) == (user, group, mode)

@@ -1,6 +1,7 @@
 """Security refusals of issue 26, each a real deploy.yml run against the serving container, recorded
 in the bad-input table: a control character from a model's config.json, a service account that
-cannot reach its venv, root without asking for it, a tampered wheel in the wheelhouse (the modes of
+cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment,
+a tampered wheel in the wheelhouse (the modes of
 the deploy's own state are in test_4_files.py).
 
 Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
@@ -50,6 +51,13 @@ def cases(work: Path) -> list[Case]:
              r"default, inference; docs/security\.md says how to move a host off root\), or set "
              r"inference_server_allow_root to true to run it as root knowingly\.",
              extra={"inference_server_user": "root"}),
+        Case("hub-token-in-environment", "a Hugging Face token in the engine's plain environment",
+             "`inference_server_environment: {HF_TOKEN: hf_...}` (a made-up value)",
+             r"inference_server_environment sets HF_TOKEN, a Hugging Face token, which would be written into the "
+             r"unit file \(0644\) and the engine's environment although the engine runs offline \(HF_HUB_OFFLINE=1\) "
+             r"and only model_sync downloads: put the token in model_sync_hf_token \(in Ansible Vault\) and remove "
+             r"it from inference_server_environment\.",
+             extra={"inference_server_environment": {"HF_TOKEN": "hf_RelMadeUpNotASecret"}}),
         Case("tampered-wheel", "a tampered wheel in the wheelhouse",
              f"a copy of the wheelhouse whose `{TAMPERED}` has 16 bytes appended, and a copy of the lock with one "
              "more comment line (a new venv directory, so ml_env installs): `-e ml_env_wheelhouse=... "

@@ -2,7 +2,9 @@
 
 ``systemd_exec_lines`` turns an argv into ExecStart= continuation lines, one flag and its
 value(s) per line, each word quoted for systemd. ``systemd_quote`` quotes one word, and
-``systemd_env_line`` renders one ``Environment=`` assignment.
+``systemd_env_line`` renders one ``Environment=`` assignment and ``systemd_text`` checks the text of
+a comment line or a plain setting. Each refuses a control character (a newline would start a new
+unit line), naming where the value came from.
 """
 
 from __future__ import annotations
@@ -23,6 +25,16 @@ def _no_control_characters(text: str, what: str) -> str:
     if CONTROL_CHARACTERS.search(text):
         raise ValueError(f"{what} {text[:80]!r} holds a control character: it cannot go into a systemd unit")
     return text
+
+
+def systemd_text(value: Any, what: str) -> str:
+    """``value`` as text for a comment or a plain setting of a unit (``# Model: ...``,
+    ``Description=``); refused with a control character, naming ``what`` (the variable it came from).
+
+    >>> systemd_text("Qwen3.6-27B", "model_sync_name")
+    'Qwen3.6-27B'
+    """
+    return _no_control_characters(str(value), what)
 
 
 def systemd_quote(word: Any) -> str:
@@ -73,4 +85,5 @@ class FilterModule:
             "systemd_quote": systemd_quote,
             "systemd_exec_lines": systemd_exec_lines,
             "systemd_env_line": systemd_env_line,
+            "systemd_text": systemd_text,
         }

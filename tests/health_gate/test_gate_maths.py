@@ -261,3 +261,13 @@ def test_store_report_writes_history_and_latest_and_prunes(tmp_path):
     assert sorted(os.listdir(d))[-2:] == ["20261129T220400Z.json", "latest.json"]
     assert not (d / "20261129T220200Z.json").exists()
     assert not [n for n in os.listdir(d) if n.endswith(".tmp")]
+
+
+def test_store_report_keeps_the_reports_to_root_also_in_a_directory_an_older_deploy_opened(tmp_path):
+    """Reports 0600 in a 0700 directory (issue 26): a 0755 directory left by an older deploy is closed."""
+    d = tmp_path / "gate"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    path = llm_gate.store_report({"timestamp": "2026-12-02T10:00:00Z", "passed": True}, str(d), keep=3)
+    assert os.stat(d).st_mode & 0o777 == 0o700
+    assert {os.stat(p).st_mode & 0o777 for p in (path, d / "latest.json")} == {0o600}

@@ -154,7 +154,7 @@ def test_the_tool_prints_each_supported_candidate_beside_the_running_plan(versio
     running, candidate, diff = result["running"]["plan"], result["candidate"]["plan"], result["diff"]
     lock = FACTS["sglang"]["supported"][version]["lock"]
     lock_sha = hashlib.sha256((REPO / "roles/ml_env/files/locks" / f"{lock}.txt").read_bytes()).hexdigest()[:12]
-    assert candidate["argv"][0] == f"/root/ml-env.d/{lock_sha}/bin/sglang"
+    assert candidate["argv"][0] == f"/opt/ml-env.d/{lock_sha}/bin/sglang"
     # Every flag that differs is one of the two plans' own words, nothing else.
     for flag, (old, new) in diff["flags"].items():
         assert (old is None) == (flag not in running["argv"]) and (new is None) == (flag not in candidate["argv"])

@@ -593,8 +593,14 @@ def test_tool_prints_the_ct129_plan(ct129):
     head, _, notes = proc.stdout.partition("\nNotes:\n")
     printed = json.loads(head)
     venv = expected_venv(ct129["group"]["ml_env_path"], ct129["group"]["ml_env_lock"])
-    assert printed["argv"] == [f"{venv}/bin/sglang"] + CT129_ARGV[1:]
+    # The filter's cases plan ct129's model at its old path; the inventory's is where the service account reads it.
+    model = ct129["group"]["model_sync_source"]["path"]
+    assert printed["argv"] == [f"{venv}/bin/sglang"] + [
+        model if word == "/root/models/Qwen3.6-27B" else word for word in CT129_ARGV[1:]
+    ]
+    assert venv.startswith("/opt/ml-env.d/") and model == "/srv/models/Qwen3.6-27B"
     assert printed["env"] == CT129_ENV
+    assert "- user: inference:inference" in notes.splitlines(), "the exposure names the service account"
     assert "- entry point: sglang serve (SGLang 0.5.11 >= 0.5.5)" in notes.splitlines()
 
 

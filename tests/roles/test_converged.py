@@ -66,6 +66,7 @@ def test_an_unchanged_host_is_converged_and_the_record_is_private(host):
     params = recorded(host["params"])
     assert check(params) == []
     assert os.stat(params["path"]).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(params["path"])).st_mode & 0o777 == 0o700, "made root's only"
     assert SECRET not in Path(params["path"]).read_text()
 
 

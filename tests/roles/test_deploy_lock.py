@@ -40,6 +40,7 @@ def test_a_free_lock_is_taken_and_a_held_one_refused(tmp_path):
     path = str(tmp_path / "lock")
     first = lock.acquire(path, owner("a"), 3600, None, None, check=False, now=1000.0)
     assert first["acquired"] and json.loads(Path(path).read_text())["run_id"] == "a"
+    assert os.stat(path).st_mode & 0o777 == 0o600, "the lock names the controller, the user and the run: root's only"
     second = lock.acquire(path, owner("b"), 3600, None, None, check=False, now=1010.0)
     assert second == {"acquired": False, "holder": dict(json.loads(Path(path).read_text()), age_s=10.0)}
     again = lock.acquire(path, owner("a"), 3600, None, None, check=False, now=1020.0)

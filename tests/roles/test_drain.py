@@ -199,6 +199,13 @@ def test_sigkill_cuts_the_streams_which_is_what_the_drain_avoids(tmp_path):
 
 def render_unit(tmp_path: Path, **extra: Any) -> str:
     """Render the role's unit template with its defaults and vars (and ``extra``) on localhost."""
+    proc = template_run(tmp_path, **extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return (tmp_path / "unit").read_text()
+
+
+def template_run(tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess:
+    """The ansible-playbook run that renders the unit template to ``tmp_path / "unit"``."""
     variables = {
         "inference_server_plan": {
             "argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
@@ -236,8 +243,7 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
                            "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
                            str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
     # fmt: on
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return (tmp_path / "unit").read_text()
+    return proc
 
 
 def directives(unit: str, name: str) -> list[str]:

@@ -146,7 +146,7 @@ def cases(work: Path) -> list[Case]:
              r"inference_server_settings\.speculative_algorithm is NEXTN, which drafts with the model's own MTP "
              r"head, but Qwen3_5ForConditionalGeneration has mtp_num_hidden_layers 0 in config\.json: set "
              r"speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in model_sync_draft_source\.",
-             extra={**gpu_vars, "model_sync_source": {"type": "host_path", "path": "/root/models/no-mtp"}},
+             extra={**gpu_vars, "model_sync_source": {"type": "host_path", "path": "/srv/models/no-mtp"}},
              limit="rel-gpu", setup=fake_gpus(2), teardown=no_gpus),
         Case("radix-extra-buffer", "`--disable-radix-cache` with extra_buffer",
              "`rel-gpu` with 2 stand-in GPUs, `inference_server_overrides: {--disable-radix-cache: true}` "
@@ -221,9 +221,9 @@ def work(workdir: Path) -> Path:
         lock[0] + "# platform: manylinux_2_99_x86_64\n" + "".join(lock[1:])
     )
     config = json.loads(QWEN.read_text())
-    put("/root/models/Qwen3.6-27B/config.json", json.dumps(config))
+    put("/srv/models/Qwen3.6-27B/config.json", json.dumps(config))  # group_vars/sglang_servers.yml
     config["text_config"]["mtp_num_hidden_layers"] = 0
-    put("/root/models/no-mtp/config.json", json.dumps(config))
+    put("/srv/models/no-mtp/config.json", json.dumps(config))
     put("/usr/local/lib/gated-hub.py", (Path(__file__).parent.parent / "files" / "gated-hub.py").read_text(), "0755")
     sh(
         f"systemd-run --unit rel-gated-hub python3 /usr/local/lib/gated-hub.py {HUB_PORT}; "
@@ -232,7 +232,7 @@ def work(workdir: Path) -> Path:
     yield root
     sh(
         "systemctl stop rel-gated-hub rel-squatter; "
-        "rm -rf /root/models /srv/models/gated-test /usr/local/bin/nvidia-smi",
+        "rm -rf /srv/models/Qwen3.6-27B /srv/models/no-mtp /srv/models/gated-test /usr/local/bin/nvidia-smi",
         check=False,
     )
 
@@ -244,7 +244,12 @@ CASES = cases(Path("/nonexistent"))
 def test_bad_input_is_refused_with_one_sentence_and_the_server_untouched(
     case_id: str, work: Path, deployer: Deployer, good_state: dict[str, Any]
 ) -> None:
-    case = next(c for c in cases(work) if c.id == case_id)
+    refuse(next(c for c in cases(work) if c.id == case_id), deployer)
+
+
+def refuse(case: Case, deployer: Deployer) -> None:
+    """Run deploy.yml with the case's bad input, record its row, assert its refusal and an untouched server
+    (test_6_security.py's cases too)."""
     if case.setup:
         case.setup()
     try:

@@ -12,6 +12,11 @@ EXPECTED = {
     f"/etc/{UNIT}": ("directory", "root", "inference", 0o750),
     f"/etc/{UNIT}/secrets.env": ("file", "root", "root", 0o600),
     f"/etc/{UNIT}/api-key.yaml": ("file", "root", "inference", 0o640),
+    # The deploy's own state, root's only (issue 26 item 6).
+    f"/var/lib/{UNIT}-deploy": ("directory", "root", "root", 0o700),
+    f"/var/lib/{UNIT}-deploy/gate": ("directory", "root", "root", 0o700),
+    f"/var/lib/{UNIT}-deploy/gate/latest.json": ("file", "root", "root", 0o600),
+    f"/var/lib/{UNIT}-deploy/converged.json": ("file", "root", "root", 0o600),
     f"/var/lib/{UNIT}-deploy/last-known-good": ("directory", "root", "root", 0o700),
     f"/var/lib/{UNIT}-deploy/last-known-good/secrets.env": ("file", "root", "root", 0o600),
     f"/var/lib/{UNIT}-deploy/last-known-good/api-key.yaml": ("file", "root", "root", 0o600),

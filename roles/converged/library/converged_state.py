@@ -304,7 +304,8 @@ def differences(record: dict, params: dict) -> list[str]:
 
 def write_record(path: str, record: dict) -> None:
     """Write the record atomically, readable by root only (its directory is made when missing)."""
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+    # Root's only when made here (inference_server's account.yml keeps the deploy's directory 0700).
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     # One writer at a time (the deploy lock): a fixed temporary name, rename(2) publishes it whole.
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

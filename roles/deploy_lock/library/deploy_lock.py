@@ -137,7 +137,7 @@ def write_lock(path: str, record: dict[str, Any]) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(record, handle, sort_keys=True)
             handle.write("\n")
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o600)  # root's: it names the controller, the user and the run
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -234,9 +234,10 @@ values are there, or finding nothing elsewhere would prove nothing):
 """
 
 FILES = """\
-The service runs as a dedicated system user (`inference_server_user`, default `inference`;
-ct129 keeps `root` in `group_vars/sglang_servers.yml`). testinfra checks, after all the
-cases:
+The service runs as a dedicated system user (`inference_server_user`, default `inference`,
+ct129 included; root only with `inference_server_allow_root`, docs/security.md); the deploy's
+own state (last-known-good, gate reports, the converged record) is root's only. testinfra
+checks, after all the cases:
 
 | path | expected | found |
 | --- | --- | --- |

@@ -26,7 +26,7 @@ def _atomic_write(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o600)  # root's: the deploy's own state (mkstemp's mode, stated)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -40,7 +40,9 @@ def store_report(report: dict[str, Any], report_dir: str, keep: int) -> str:
     Keeps the newest ``keep`` timestamped reports; returns the new report's path.
     Failed gates are stored too, so a failed attempt stays on record.
     """
-    os.makedirs(report_dir, mode=0o755, exist_ok=True)
+    os.makedirs(report_dir, mode=0o700, exist_ok=True)
+    # Root's only, also where an older deploy made it 0755 (the reports name the host's paths and figures).
+    os.chmod(report_dir, 0o700)
     stamp = str(report.get("timestamp") or utc_now().strftime(TIMESTAMP_FORMAT))
     base = stamp.replace("-", "").replace(":", "")
     name = base + ".json"

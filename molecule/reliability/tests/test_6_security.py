@@ -1,0 +1,110 @@
+"""Security refusals of issue 26, each a real deploy.yml run against the serving container, recorded
+in the bad-input table: a control character from a model's config.json, a service account that
+cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment,
+a tampered wheel in the wheelhouse (the modes of
+the deploy's own state are in test_4_files.py).
+
+Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
+``refuse``: same MainPID and start time, unit, secrets, venv and model links, the lock given back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import CACHE, REPO, UNIT, Deployer, sh
+from test_1_bad_input import TINY, Case, refuse
+
+INJECTION = "\nExecStartPre=+/usr/bin/touch /tmp/pwned\n"
+# A small wheel of the rehearsal's lock, replaced in a copy of the wheelhouse by a tampered one.
+TAMPERED = "mdurl-0.1.2-py3-none-any.whl"
+LOCK = "transformers-cpu"
+
+
+def cases(work: Path) -> list[Case]:
+    """The cases, with this session's controller-side inputs under ``work``."""
+    # fmt: off
+    return [
+        Case("control-character", "a model's config.json with a newline in a string that reaches the unit",
+             "a copy of the tiny model whose config.json has `architectures: [\"Qwen3_5ForCausalLM\\nExecStartPre="
+             "+/usr/bin/touch /tmp/pwned\\n\"]` as `controller_dir` source (the plan's first note names the "
+             "architecture, and the unit's comment lines carry the notes)",
+             r"a note of the plan holds the control character '\\n' \(.*\), which would break the unit's lines: it "
+             r"comes from the model's config\.json\['architectures'\]\[0\]; remove it there before anything is "
+             r"written\.",
+             extra={"model_sync_source": {"type": "controller_dir", "path": str(work / "tiny-newline")}}),
+        Case("service-user-no-venv", "a service account that cannot reach the venv (an adopted root host's path)",
+             "`-e ml_env_path=/root/ml-env` (/root is 0700 root:root) with the service account `inference`",
+             r"inference_server_user inference cannot reach ml_env_path /root/ml-env \(/root is 0700 root:root, it "
+             r"needs search \(x\)\): set ml_env_path to a path it can reach, such as under /opt or /srv "
+             r"\(docs/security\.md, \"Moving a host off root\"\), or set inference_server_user to root with "
+             r"inference_server_allow_root true; nothing was stopped or changed\.",
+             extra={"ml_env_path": "/root/ml-env"}),
+        Case("root-not-asked", "root as the service account without asking for it",
+             "`-e inference_server_user=root` (no `inference_server_allow_root`)",
+             r"inference_server_user is root, so the engine \(and the model's own code with trust_remote_code\) "
+             r"would run with every right on rel-molecule: leave inference_server_user at a dedicated account \(the "
+             r"default, inference; docs/security\.md says how to move a host off root\), or set "
+             r"inference_server_allow_root to true to run it as root knowingly\.",
+             extra={"inference_server_user": "root"}),
+        Case("hub-token-in-environment", "a Hugging Face token in the engine's plain environment",
+             "`inference_server_environment: {HF_TOKEN: hf_...}` (a made-up value)",
+             r"inference_server_environment sets HF_TOKEN, a Hugging Face token, which would be written into the "
+             r"unit file \(0644\) and the engine's environment although the engine runs offline \(HF_HUB_OFFLINE=1\) "
+             r"and only model_sync downloads: put the token in model_sync_hf_token \(in Ansible Vault\) and remove "
+             r"it from inference_server_environment\.",
+             extra={"inference_server_environment": {"HF_TOKEN": "hf_RelMadeUpNotASecret"}}),
+        Case("tampered-wheel", "a tampered wheel in the wheelhouse",
+             f"a copy of the wheelhouse whose `{TAMPERED}` has 16 bytes appended, and a copy of the lock with one "
+             "more comment line (a new venv directory, so ml_env installs): `-e ml_env_wheelhouse=... "
+             "-e ml_env_lock_dir=...`; pip runs with `--require-hashes` (the new venv directory is made and "
+             "left unlinked)",
+             r"pip refused to install ml_env_lock 'transformers-cpu' into /opt/ml-env\.d/[0-9a-f]{12} because "
+             r"mdurl==0\.1\.2 has sha256 [0-9a-f]{16}, which \S+/locks-tampered/transformers-cpu\.txt does not list "
+             r"\(THESE PACKAGES DO NOT MATCH THE HASHES\): the wheelhouse \S+/wheelhouse-tampered holds another file "
+             r"than the lock was made from, so rebuild it with tools/build-bundle --lock \S+ --out \S+, and refresh "
+             r"the lock's hashes \(tools/lock-profile --hash-only \S+\) only for a file you trust\.",
+             extra={"ml_env_wheelhouse": str(work / "wheelhouse-tampered"),
+                    "ml_env_lock_dir": str(work / "locks-tampered")},
+             allow_changes=True),
+    ]
+    # fmt: on
+
+
+@pytest.fixture(scope="module")
+def work(workdir: Path) -> Path:
+    """The tampered inputs, on the controller."""
+    root = workdir / "security"
+    root.mkdir()
+    shutil.copytree(TINY, root / "tiny-newline")
+    config = json.loads((TINY / "config.json").read_text())
+    config["architectures"] = [config["architectures"][0] + INJECTION]
+    (root / "tiny-newline" / "config.json").write_text(json.dumps(config))
+    # Hard links (no copy of torch), then the one file replaced by a tampered copy of its own.
+    wheelhouse = CACHE / "wheelhouse" / LOCK
+    tampered = root / "wheelhouse-tampered"
+    shutil.copytree(wheelhouse, tampered, copy_function=os.link)
+    (tampered / TAMPERED).unlink()
+    (tampered / TAMPERED).write_bytes((wheelhouse / TAMPERED).read_bytes() + b"\0" * 16)
+    (root / "locks-tampered").mkdir()
+    lock = (REPO / "roles/ml_env/files/locks" / f"{LOCK}.txt").read_text()
+    (root / "locks-tampered" / f"{LOCK}.txt").write_text(lock + "# reliability: a copy, so that ml_env installs\n")
+    yield root
+    sh("rm -f /tmp/pwned", check=False)
+
+
+CASES = cases(Path("/nonexistent"))
+
+
+@pytest.mark.parametrize("case_id", [c.id for c in CASES])
+def test_security_input_is_refused_before_the_server_changes(
+    case_id: str, work: Path, deployer: Deployer, good_state: dict
+) -> None:
+    refuse(next(c for c in cases(work) if c.id == case_id), deployer)
+    if case_id == "control-character":
+        assert sh("test -e /tmp/pwned && echo PWNED || echo clean").strip() == "clean"
+        assert "ExecStartPre=+/usr/bin/touch" not in sh(f"cat /etc/systemd/system/{UNIT}.service")

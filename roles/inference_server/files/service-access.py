@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Can the service account reach the venv, the model and its own directories? Which groups do
+the GPU device nodes need? (inference_server's precheck, before anything changes on the host)
+
+``service-access.py USER GROUP [--group G]... [--read VAR=PATH]... [--own VAR=PATH]... [--devices GLOB]...``
+prints one JSON object:
+
+* ``problems``: one entry per path the account could not use, ``{"variable", "path", "blocked_at",
+  "mode", "owner", "group", "need"}``: for ``--read`` paths (the venv, the model) every existing
+  directory on the way must be searchable (x) by the account and the path itself readable (r,
+  and x for a directory); for ``--own`` paths (the state and cache directories, which the role
+  creates and hands to the account) every existing directory above them must be searchable.
+  Symbolic links are followed: the directories of the link's own path and of its target count.
+* ``device_groups``: the groups that own device nodes matching ``--devices`` which the account
+  may only open through their group (not world read-write): the account needs them as
+  supplementary groups (a driver set NVreg_DeviceFileGID, e.g. to video or render).
+* ``device_problems``: device nodes no non-root account can open (neither world nor a non-root
+  group read-write), ``{"path", "mode", "owner", "group"}``.
+
+The account may not exist yet (the role creates it later): it then counts as a new system user
+whose groups are GROUP and the ``--group`` ones that exist. root passes everything. Standard
+library only (the host's python3); nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import grp
+import json
+import os
+import pwd
+import stat
+import sys
+from collections.abc import Iterable
+
+
+class Account:
+    """The uid (None for an account not created yet) and the group ids of the service account."""
+
+    def __init__(self, user: str, groups: Iterable[str]) -> None:
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            self.uid: int | None = None
+            self.gids: set[int] = set()
+        else:
+            self.uid = entry.pw_uid
+            self.gids = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+        for name in groups:
+            try:
+                self.gids.add(grp.getgrnam(name).gr_gid)
+            except KeyError:
+                pass
+
+    def may(self, st: os.stat_result, want: str) -> bool:
+        """Whether the account has every permission in ``want`` ('r', 'w', 'x') on a file with ``st``."""
+        if self.uid == 0:
+            return True
+        shift = 6 if st.st_uid == self.uid else 3 if st.st_gid in self.gids else 0
+        bits = {"r": 4, "w": 2, "x": 1}
+        return all(st.st_mode >> shift & bits[c] for c in want)
+
+
+def _name(lookup, ident: int) -> str:  # type: ignore[no-untyped-def]
+    try:
+        return lookup(ident)[0]
+    except KeyError:
+        return str(ident)
+
+
+def _describe(path: str, st: os.stat_result) -> dict[str, str]:
+    return {
+        "blocked_at": path,
+        "mode": f"{stat.S_IMODE(st.st_mode):04o}",
+        "owner": _name(pwd.getpwuid, st.st_uid),
+        "group": _name(grp.getgrgid, st.st_gid),
+    }
+
+
+def _chain(path: str) -> list[str]:
+    """The directories above ``path`` (from /), and ``path`` itself, for the path as written and
+    for its resolved form (the directories a symbolic link's target sits in)."""
+    found: list[str] = []
+    for form in dict.fromkeys([os.path.abspath(path), os.path.realpath(path)]):
+        parts = form.strip("/").split("/") if form != "/" else []
+        found += ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    return list(dict.fromkeys(found))
+
+
+def blocked(account: Account, path: str, need: str) -> dict[str, str] | None:
+    """Where ``account`` is stopped on the way to ``path`` (``need`` 'read' or 'own'), or None."""
+    target = os.path.realpath(path)
+    for step in _chain(path):
+        try:
+            st = os.stat(step)
+        except OSError:
+            continue  # not there yet (created later by the role) or behind a directory already named
+        last = step in (os.path.abspath(path), target)
+        if (last and need == "own") or not (last or stat.S_ISDIR(st.st_mode)):
+            continue  # the role hands its own directories to the account
+        want = ("rx" if stat.S_ISDIR(st.st_mode) else "r") if last else "x"
+        if not account.may(st, want):
+            return {**_describe(step, st), "need": "read" if "r" in want else "search (x)"}
+    return None
+
+
+def devices(patterns: Iterable[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """The groups the device nodes matching ``patterns`` need, and the nodes no account may open."""
+    groups: set[str] = set()
+    problems: list[dict[str, str]] = []
+    for path in sorted({p for pattern in patterns for p in glob.glob(pattern)}):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISCHR(st.st_mode) or st.st_mode & 0o006 == 0o006:
+            continue
+        if st.st_gid != 0 and st.st_mode & 0o060 == 0o060:
+            groups.add(_name(grp.getgrgid, st.st_gid))
+        else:
+            info = _describe(path, st)
+            problems.append({"path": path, "mode": info["mode"], "owner": info["owner"], "group": info["group"]})
+    return sorted(groups), problems
+
+
+def _pairs(values: list[str]) -> list[tuple[str, str]]:
+    return [tuple(v.split("=", 1)) for v in values if "=" in v and v.split("=", 1)[1]]  # type: ignore[misc]
+
+
+def main(argv: list[str]) -> int:
+    """Print the JSON object described in the module's docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("user")
+    parser.add_argument("group")
+    parser.add_argument("--group", dest="groups", action="append", default=[])
+    parser.add_argument("--read", action="append", default=[], help="VAR=PATH the account must read")
+    parser.add_argument("--own", action="append", default=[], help="VAR=PATH the role creates for the account")
+    parser.add_argument("--devices", action="append", default=[], help="glob of device nodes it must open")
+    args = parser.parse_args(argv)
+    device_groups, device_problems = devices(args.devices)
+    account = Account(args.user, [args.group, *args.groups, *device_groups])
+    problems = []
+    for need, pairs in (("read", _pairs(args.read)), ("own", _pairs(args.own))):
+        for variable, path in pairs:
+            where = blocked(account, path, need)
+            # One reason per variable (ml_env_path names both the link and the lock's venv beside it).
+            if where and variable not in {p["variable"] for p in problems}:
+                problems.append({"variable": variable, "path": path, **where})
+    print(json.dumps({"problems": problems, "device_groups": device_groups, "device_problems": device_problems}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

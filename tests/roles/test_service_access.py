@@ -1,0 +1,127 @@
+"""inference_server's files/service-access.py: can the service account reach the venv, the model
+and its own directories? Its verdicts are compared with the kernel's own answer for the same
+account (setpriv as nobody, on real directories), so the permission arithmetic cannot drift."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "roles/inference_server/files/service-access.py"
+NOBODY = ("nobody", "nogroup")
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to try the account for real"
+)
+
+
+def access(*args: str, user: tuple[str, str] = NOBODY) -> dict:
+    """Run the script as the precheck does; its JSON."""
+    out = subprocess.run([sys.executable, str(SCRIPT), *user, *args], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def kernel_allows(path: Path, test: str) -> bool:
+    """Whether nobody (no supplementary group) passes ``test -<test> path`` for real."""
+    argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "test", f"-{test}", str(path)]
+    return subprocess.run(argv, check=False).returncode == 0
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A world-searchable directory (pytest's tmp_path sits under a 0700 directory of root)."""
+    path = Path(tempfile.mkdtemp(prefix="service-access-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def tree(base: Path, home_mode: int) -> tuple[Path, Path]:
+    """``<base>/root`` (mode ``home_mode``, as /root) holding a venv-like directory and a model."""
+    home = base / "root"
+    (home / "ml-env" / "bin").mkdir(parents=True)
+    (home / "models" / "Qwen").mkdir(parents=True)
+    (home / "models" / "Qwen" / "config.json").write_text("{}")
+    home.chmod(home_mode)
+    return home / "ml-env", home / "models" / "Qwen"
+
+
+def test_a_venv_and_model_under_a_0700_home_are_refused_where_the_kernel_refuses(base):
+    venv, model = tree(base, 0o700)
+    found = access(f"--read=ml_env_path={venv}", f"--read=model_sync_source.path={model}")
+    assert [(p["variable"], p["blocked_at"], p["mode"], p["owner"], p["need"]) for p in found["problems"]] == [
+        ("ml_env_path", str(base / "root"), "0700", "root", "search (x)"),
+        ("model_sync_source.path", str(base / "root"), "0700", "root", "search (x)"),
+    ]
+    assert not kernel_allows(venv, "x") and not kernel_allows(model / "config.json", "r")
+
+
+def test_the_same_tree_opened_to_others_passes_as_it_does_for_the_kernel(base):
+    venv, model = tree(base, 0o755)
+    found = access(f"--read=ml_env_path={venv}", f"--read=model_sync_source.path={model}")
+    assert found["problems"] == []
+    assert kernel_allows(venv, "x") and kernel_allows(model / "config.json", "r")
+
+
+def test_a_link_into_a_closed_directory_is_followed(base):
+    venv, _ = tree(base, 0o700)
+    link = base / "ml-env"
+    link.symlink_to(venv)
+    found = access(f"--read=ml_env_path={link}")
+    assert [p["blocked_at"] for p in found["problems"]] == [str(base / "root")]
+    assert not kernel_allows(link / "bin", "x")
+
+
+def test_the_group_of_the_account_opens_a_0750_directory(base):
+    venv, _ = tree(base, 0o750)
+    os.chown(base / "root", 0, 65534)
+    assert access(f"--read=ml_env_path={venv}")["problems"] == []
+    # An account in another group (a new one, not created yet) is still refused there.
+    other = access(f"--read=ml_env_path={venv}", user=("svc-not-created", "svc-not-created"))
+    assert [p["blocked_at"] for p in other["problems"]] == [str(base / "root")]
+
+
+def test_own_directories_need_only_their_parents_and_may_not_exist_yet(base):
+    closed = base / "closed"
+    closed.mkdir(mode=0o700)
+    (base / "state").mkdir(mode=0o700)  # the role hands it to the account (owner, 0750)
+    found = access(
+        f"--own=inference_server_state_dir={base / 'state'}",
+        f"--own=inference_server_cache_dir={base / 'cache' / 'deep'}",
+        f"--own=inference_server_cache_dir={closed / 'cache'}",
+    )
+    assert [(p["variable"], p["blocked_at"]) for p in found["problems"]] == [
+        ("inference_server_cache_dir", str(closed))
+    ]
+
+
+def test_root_reaches_everything(base):
+    venv, _ = tree(base, 0o700)
+    assert access(f"--read=ml_env_path={venv}", user=("root", "root"))["problems"] == []
+
+
+def test_device_nodes_name_their_group_when_not_world_read_write(base):
+    """Real character devices (mknod, as the NVIDIA driver's nodes): 0666 needs nothing, 0660 video
+    needs video, 0600 root needs what no account can be given."""
+    nodes = {"nvidia0": (0o666, 0), "nvidia1": (0o660, 44), "nvidiactl": (0o600, 0)}
+    try:
+        for name, (mode, gid) in nodes.items():
+            os.mknod(base / name, 0o020000 | mode, os.makedev(1, 3))
+            os.chown(base / name, 0, gid)
+            os.chmod(base / name, mode)
+    except PermissionError:
+        pytest.skip("no CAP_MKNOD here")
+    found = access(f"--devices={base}/nvidia*")
+    assert found["device_groups"] == [
+        subprocess.run(["getent", "group", "44"], capture_output=True, text=True).stdout.split(":")[0] or "44"
+    ]
+    assert [(p["path"], p["mode"]) for p in found["device_problems"]] == [(str(base / "nvidiactl"), "0600")]

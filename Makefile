@@ -126,10 +126,13 @@ lint: $(VENV)/.installed ## yamllint, ansible-lint (production profile), argumen
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# Two workers (the CI machine's two cores); a file's tests stay on one worker and in order.
+# Two workers (the CI machine's two cores); a file's tests stay on one worker and in order. The
+# files are handed out in collection order, which tests/conftest.py makes the slowest first (by
+# tests/durations.json), so that no slow file runs alone at the end; --no-loadscope-reorder keeps
+# pytest-xdist from ordering them by their number of tests instead.
 PYTEST_WORKERS ?= 2
 pytest: setup tools-venv gateway-venv sglang-check-venv model ## unit and integration tests (tests/)
-	$(VENV)/bin/pytest -q --durations=10 -n $(PYTEST_WORKERS) --dist loadfile tests
+	$(VENV)/bin/pytest -q --durations=10 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 # One check venv per SGLang version with a lock (tests/locks/sglang-check-VERSION.txt); make test
 # builds and checks the versions tools/build-sglang-check-venv builds by default (0.5.11, 0.5.17).

@@ -9,14 +9,18 @@ code is imported from ``deploytools`` (tools/lib).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Each test file's seconds in the last measured run (the order below); --record-durations writes it.
+DURATIONS = REPO / "tests" / "durations.json"
 # Filter plugins and the tools' package (tools/lib/deploytools) are plain Python modules:
 # make them importable, and the helpers the test folders share (tests/shared).
 for sub in ("filter_plugins", "tools/lib", "tests/shared"):
@@ -67,3 +71,53 @@ def fake_server():
     yield make
     for server in servers:
         server.close()
+
+
+# make pytest runs the files on two workers, a file's tests on one worker and in order (--dist
+# loadfile), each worker taking the next file in collection order when it ends one
+# (--no-loadscope-reorder; pytest-xdist's own order is by number of tests, which left a slow
+# file of few tests to run alone at the end). The slowest files go first, by their seconds in
+# tests/durations.json; a file it does not list goes before them all (a new slow file then never
+# ends up alone at the end; a new fast one costs nothing there). The order within a file is kept.
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """--record-durations FILE: write each test file's seconds (setup, call and teardown) to FILE."""
+    parser.addoption(
+        "--record-durations",
+        metavar="FILE",
+        help="write each test file's seconds to FILE (refresh tests/durations.json with a whole run of tests/)",
+    )
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the files that took longest first (unknown files before them), keeping each file's own order."""
+    try:
+        seconds: dict[str, float] = json.loads(DURATIONS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -seconds.get(_repo_path(item.path), float("inf")))
+
+
+def _repo_path(path: Path) -> str:
+    """A test file's path from the repository root (as tests/durations.json names it, wherever pytest runs)."""
+    return path.resolve().relative_to(REPO).as_posix()
+
+
+_FILE_SECONDS: defaultdict[str, float] = defaultdict(float)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each phase's seconds to its file (on the controller, the workers' reports arrive here too)."""
+    _FILE_SECONDS[report.location[0]] += report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write --record-durations' file, once, from the controller (never from an xdist worker)."""
+    out = session.config.getoption("record_durations")
+    if out and not hasattr(session.config, "workerinput"):
+        root = session.config.rootpath
+        files = defaultdict(float)
+        for location, seconds in _FILE_SECONDS.items():
+            files[_repo_path(root / location)] += seconds
+        ranked = dict(sorted(((f, round(s, 1)) for f, s in files.items()), key=lambda fs: -fs[1]))
+        Path(out).write_text(json.dumps(ranked, indent=1) + "\n", encoding="utf-8")

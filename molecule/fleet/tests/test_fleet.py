@@ -1,8 +1,8 @@
 """A fleet of three rehearsal hosts behind SGLang's gateway smg: a good change rolls through
 all under load without a failed or cut request, a bad change stops at the first host (rolled
-back, out of the gateway) and never touches the others, a good deploy puts it back, and a
-nightly run puts one host's drift back and reports it while it changes and restarts nothing on
-the others."""
+back, out of the gateway) and never touches the others, and the next deploy, a nightly run,
+puts the first host back into the gateway, puts the second host's drift back and reports it,
+and changes and restarts nothing on the third."""
 
 from __future__ import annotations
 
@@ -82,27 +82,28 @@ def test_bad_change_stops_at_the_first_host_which_is_back_on_its_previous_state(
     assert routable(run) == set(others)
 
 
-def test_a_good_deploy_puts_the_failed_host_back_and_leaves_the_others_alone():
-    run = step("recover")
-    assert run["rc"] == 0, run["output"][-3000:]
-    assert routable(run) == set(HOSTS)
-    for host in HOSTS[1:]:
-        assert run["after"][host] == run["before"][host], f"{host} was touched"
-
-
-def test_noop_hosts_of_a_nightly_run_change_and_restart_nothing_and_still_measure():
-    """Hosts 1 and 3 are unchanged since recover: the nightly run is a no-op on them."""
+def test_the_next_deploy_puts_the_failed_host_back_into_the_gateway():
+    """The nightly run after the bad change: host 1, out of the gateway since its rollback, is routable again."""
+    assert routable(step("bad_change")) == set(HOSTS[1:])
     run = step("nightly_drift")
     assert run["rc"] == 0, run["output"][-3000:]
     summary = json.loads(run["stdout"])
     assert summary["status"] == "OK"
-    # Host 2's drift is the run's only change and only restart.
-    assert summary["totals"]["restarts"] == 1
-    for host in (HOSTS[0], HOSTS[2]):
-        assert summary["hosts"][host]["changed_tasks"] == []
-        assert summary["hosts"][host]["restarts"] == 0
-        assert summary["hosts"][host]["gate"]["decode_tps"] > 0
-        assert run["after"][host] == run["before"][host]
+    assert summary["hosts"][HOSTS[0]]["gate"]["decode_tps"] > 0
+    assert routable(run) == set(HOSTS)
+
+
+def test_noop_host_of_a_nightly_run_changes_and_restarts_nothing_and_still_measures():
+    """Host 3 is unchanged since good_change (the bad change stopped before it): the nightly run is a no-op there."""
+    run = step("nightly_drift")
+    assert run["rc"] == 0, run["output"][-3000:]
+    summary = json.loads(run["stdout"])
+    assert summary["status"] == "OK"
+    host = HOSTS[2]
+    assert summary["hosts"][host]["changed_tasks"] == []
+    assert summary["hosts"][host]["restarts"] == 0
+    assert summary["hosts"][host]["gate"]["decode_tps"] > 0
+    assert run["after"][host] == run["before"][host]
 
 
 def test_nightly_run_puts_drift_back_and_reports_it():
@@ -116,9 +117,9 @@ def test_nightly_run_puts_drift_back_and_reports_it():
     assert drifted["restarts"] == 1
     assert unit_sha(run["after"], "molecule-fleet-2") == unit_sha(run["before"], "molecule-fleet-2")
     assert started(run["after"], "molecule-fleet-2") != started(run["before"], "molecule-fleet-2")
-    for host in (HOSTS[0], HOSTS[2]):
-        assert summary["hosts"][host]["changed_tasks"] == [] and summary["hosts"][host]["restarts"] == 0
-        assert run["after"][host] == run["before"][host]
+    # Host 3 did not drift: nothing changed or restarted there.
+    assert summary["hosts"][HOSTS[2]]["changed_tasks"] == [] and summary["hosts"][HOSTS[2]]["restarts"] == 0
+    assert run["after"][HOSTS[2]] == run["before"][HOSTS[2]]
 
 
 def test_every_host_serves_the_good_change(host):

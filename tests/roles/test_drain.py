@@ -58,7 +58,7 @@ def stream(url: str, tokens: int, out: dict[str, Any]) -> None:
     )
     out.update(chunks=0, first=None, last=None, finish=None, usage=None, done=False, error=None)
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
+        with urllib.request.urlopen(request, timeout=180) as resp:  # silence allowed per read: a busy 2-core machine
             for raw in resp:
                 line = raw.strip()
                 if not line.startswith(b"data:"):

@@ -151,7 +151,7 @@ def render(state: dict[str, Any], unit: str) -> str:
     for name, text in METRICS.items():
         kind = "counter" if name.endswith("_total") else "gauge"
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        lines.append(f'{name}{{unit="{unit}"}} {float(state.get(name, 0)):g}')
+        lines.append(f'{name}{{unit="{unit}"}} {float(state.get(name, 0)):.15g}')
     return "\n".join(lines) + "\n"
 
 

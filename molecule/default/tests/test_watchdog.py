@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 import time
 
-import pytest
-
 UNIT = "inference-server"
 PORT = 8000
 PROM = "/var/lib/node_exporter/textfile_collector/llm_watchdog.prom"
@@ -59,14 +57,6 @@ def run_watchdog(host, **env: str) -> tuple[float, str]:
     journal = host.run(f"journalctl _SYSTEMD_INVOCATION_ID={invocation} --no-pager -o cat").stdout
     assert run.rc == 0, run.stderr + journal
     return took, journal
-
-
-@pytest.fixture(autouse=True)
-def journal_on_failure(host, request):
-    """Print the journals of the server and its watchdog when a check fails."""
-    yield
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-        print(host.run(f"journalctl -u {UNIT} -u {UNIT}-watchdog -u {UNIT}-gave-up --no-pager -n 120").stdout)
 
 
 def test_the_unit_waits_for_its_mounts_and_records_a_give_up(host):

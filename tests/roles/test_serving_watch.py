@@ -212,5 +212,5 @@ def test_the_unit_waits_for_its_mounts_and_the_gpu_daemon_and_records_a_give_up(
         "/opt/ml-env /opt/ml-env.d/0123456789ab /srv/models/m/revisions/r1"
     ]
     assert directives(unit, "OnFailure") == ["inference-server-gave-up.service"]
-    assert (directives(unit, "Restart"), directives(unit, "StartLimitBurst")) == (["on-failure"], ["5"])
+    assert (directives(unit, "Restart"), directives(unit, "StartLimitBurst")) == (["on-failure"], ["3"])
     assert directives(unit, "StartLimitIntervalSec") == ["600"]

@@ -65,7 +65,7 @@ def test_the_unit_waits_for_its_mounts_and_records_a_give_up(host):
     assert "/opt/ml-env" in mounts and host.file("/opt/ml-env").linked_to in mounts
     assert host.file("/srv/models/tiny-qwen3.5/current").linked_to in mounts
     assert shown["OnFailure"] == f"{UNIT}-gave-up.service"
-    assert (shown["Restart"], shown["StartLimitBurst"], shown["StartLimitIntervalUSec"]) == ("on-failure", "5", "10min")
+    assert (shown["Restart"], shown["StartLimitBurst"], shown["StartLimitIntervalUSec"]) == ("on-failure", "3", "10min")
     # The CPU rehearsal engine: no NVIDIA unit to wait for (ct129's render asserts it for SGLang).
     assert "nvidia-persistenced" not in host.file(f"/etc/systemd/system/{UNIT}.service").content_string
 

@@ -300,7 +300,7 @@ refused with the value of `inference_server_drain_timeout_s` that keeps its time
 transformers serve (without `--continuous-batching`) generates one request at a time: the
 streams behind the first get all their tokens during the drain. The rehearsal engine drains
 under either kill mode, so only the GPU run shows what `mixed` changes for SGLang.
-systemd's start limit (`inference_server_start_limit_burst`, 5 starts in 10 min) counts
+systemd's start limit (`inference_server_start_limit_burst`, 3 starts in 10 min) counts
 restarts by hand too: the probe's second restart after a converge was refused
 (`start-limit-hit`) until `systemctl reset-failed`, which the probe now runs first, as the
 rollback does. A deploy's own restart clears the count only when the unit is `failed`.
@@ -375,7 +375,7 @@ SERVING = """\
 
 **Restart policy** (systemd 252, Debian 12). The unit restarts on failure every
 `inference_server_restart_sec` (10 s); at `inference_server_start_limit_burst` starts within
-`inference_server_start_limit_interval_s` (5 in 600 s) systemd gives up and the unit is
+`inference_server_start_limit_interval_s` (3 in 600 s) systemd gives up and the unit is
 `failed` (`Result=start-limit-hit`). `OnFailure=` then runs `<unit>-gave-up.service`, which
 writes one line to the journal and counts `llm_server_gave_up_total`. The watchdog's timer
 starts a failed unit again once it has been failed for `inference_server_watchdog_retry_failed_s`

@@ -147,7 +147,7 @@ def test_a_wrong_key_is_a_failed_probe_named_without_the_key(host, server):
     server.mode = "key"
     Path(host.paths["api_key_file"]).write_text('api-key: "sk-other"\n')
     run = host.run()
-    assert "probe failed (1 of 2 in a row): HTTP 401" in run.stdout, run.stdout
+    assert "probe failed (1 of 2 in a row): HTTP 401 from /v1/chat/completions" in run.stdout, run.stdout
     assert "sk-other" not in run.stdout + run.stderr and host.metric("llm_watchdog_probe_success") == 0
 
 

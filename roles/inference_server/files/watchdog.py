@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -101,7 +102,7 @@ def probe(config: dict[str, Any], deadline: float) -> str:
         if not chunks:
             return "the generation returned no choices"
     except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code} from {exc.url.rsplit(':', 1)[-1]}"
+        return f"HTTP {exc.code} from {urllib.parse.urlsplit(exc.url).path}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return f"no answer within {deadline:g} s ({getattr(exc, 'reason', exc)})"
     return ""

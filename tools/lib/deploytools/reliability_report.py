@@ -376,7 +376,7 @@ SERVING = """\
 **Restart policy** (systemd 252, Debian 12). The unit restarts on failure every
 `inference_server_restart_sec` (10 s); at `inference_server_start_limit_burst` starts within
 `inference_server_start_limit_interval_s` (3 in 600 s) systemd gives up and the unit is
-`failed` (`Result=start-limit-hit`). `OnFailure=` then runs `<unit>-gave-up.service`, which
+`failed` (systemd 252 keeps the last start's `Result=exit-code`). `OnFailure=` then runs `<unit>-gave-up.service`, which
 writes one line to the journal and counts `llm_server_gave_up_total`. The watchdog's timer
 starts a failed unit again once it has been failed for `inference_server_watchdog_retry_failed_s`
 (120 s), doubling that wait after each retry that did not bring it back, up to

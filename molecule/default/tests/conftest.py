@@ -1,4 +1,4 @@
-"""Each test's outcome for fixtures (the journal on failure); systemd-analyze's rating of the unit."""
+"""Each test's outcome for fixtures, the journals on failure; systemd-analyze's rating of the unit."""
 
 import json
 import os
@@ -16,6 +16,15 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, "rep_" + report.when, report)
+
+
+@pytest.fixture(autouse=True)
+def journal_on_failure(host, request):
+    """Print the journals of the server, its watchdog and its give-up recorder when a check fails."""
+    yield
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        units = "-u inference-server -u inference-server-watchdog -u inference-server-gave-up"
+        print(host.run(f"journalctl {units} --no-pager -n 200").stdout)
 
 
 # systemd-analyze security's rating of the scenario's units, printed at the end of the run (molecule's

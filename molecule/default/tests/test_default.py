@@ -6,8 +6,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[3]
 LOCK = REPO / "roles/ml_env/files/locks/transformers-cpu.txt"
 UNIT = "inference-server"
@@ -27,14 +25,6 @@ def locked_versions() -> dict[str, str]:
             name, _, version = line.partition("==")
             pins[re.sub(r"[-_.]+", "-", name).lower()] = version
     return pins
-
-
-@pytest.fixture(autouse=True)
-def journal_on_failure(host, request):
-    """Print the unit's journal when a check fails, so the reason is in the test log."""
-    yield
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-        print(host.run(f"journalctl -u {UNIT} --no-pager -n 200").stdout)
 
 
 def test_venv_is_a_link_to_the_locked_venv(host):

@@ -69,7 +69,7 @@ while not (any(r.get("first") for r in results) and journal_count("[Request rece
     time.sleep(0.2)
 pid_before = subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
                             capture_output=True, text=True).stdout.strip()
-# The unit allows inference_server_start_limit_burst (3) starts an hour, restarts by hand
+# The unit allows inference_server_start_limit_burst (3) starts in 10 min, restarts by hand
 # included; the scenario's deploys and drifts have used them. Clear the count, as a
 # deploy does before its deliberate restarts, so this restart is not refused.
 subprocess.run(["systemctl", "reset-failed", unit], check=False)

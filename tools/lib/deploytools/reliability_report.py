@@ -301,7 +301,7 @@ refused with the value of `inference_server_drain_timeout_s` that keeps its time
 transformers serve (without `--continuous-batching`) generates one request at a time: the
 streams behind the first get all their tokens during the drain. The rehearsal engine drains
 under either kill mode, so only the GPU run shows what `mixed` changes for SGLang.
-systemd's start limit (`inference_server_start_limit_burst`, 3 starts an hour) counts
+systemd's start limit (`inference_server_start_limit_burst`, 3 starts in 10 min) counts
 restarts by hand too: the probe's second restart after a converge was refused
 (`start-limit-hit`) until `systemctl reset-failed`, which the probe now runs first, as the
 rollback does. A deploy's own restart clears the count only when the unit is `failed`.
@@ -369,6 +369,61 @@ Figures: `bench/results/rolling_deploy.json`, measured {measured_at} on {cpus} C
 
 | case | how it was tried | what happened | requests | failed | cut |
 | --- | --- | --- | --- | --- | --- |
+"""
+
+SERVING = """\
+### Serving between deploys: restart policy, watchdog, boot
+
+**Restart policy** (systemd 252, Debian 12). The unit restarts on failure every
+`inference_server_restart_sec` (10 s); at `inference_server_start_limit_burst` starts within
+`inference_server_start_limit_interval_s` (3 in 600 s) systemd gives up and the unit is
+`failed` (systemd 252 keeps the last start's `Result=exit-code`). `OnFailure=` then runs `<unit>-gave-up.service`, which
+writes one line to the journal and counts `llm_server_gave_up_total`. The watchdog's timer
+starts a failed unit again once it has been failed for `inference_server_watchdog_retry_failed_s`
+(120 s), doubling that wait after each retry that did not bring it back, up to
+`inference_server_watchdog_retry_failed_max_s` (1800 s): a crash loop never leaves the server
+dead for longer than that. A unit stopped on purpose (`inactive`) is left alone. systemd 254
+would add `RestartSteps=` and `RestartMaxDelaySec=` (the back-off inside the unit: RestartSec
+growing to a maximum over N steps, no give-up needed) and `RestartMode=direct`; Debian 12 has
+neither, so the back-off is the watchdog's.
+
+**The watchdog between deploys**: `<unit>-watchdog.timer` runs `<unit>-watchdog.service`
+(`/usr/local/lib/<unit>/watchdog`, `roles/inference_server/files/watchdog.py`, the host's own
+python3) `inference_server_watchdog_interval_s` (60 s) after the last run ended. It skips while
+a deploy holds the deploy lock (a lock older than `deploy_lock_stale_after_s` does not count)
+or the unit is starting or stopping; otherwise it asks `/health` and then one streamed
+generation of one token, each within `inference_server_watchdog_deadline_s` (30 s), with the
+API key read from the unit's own key file (sent as the Bearer header, never printed). After
+`inference_server_watchdog_failures` (2) failed probes in a row it restarts the server the
+way a deploy does: `systemctl reset-failed`, `systemctl restart --no-block` (SIGTERM to the
+main process, the drain bounded by `TimeoutStopSec`; systemd follows SIGTERM with SIGCONT, so
+a stopped process drains too), then waits for the new start until it is ready. It writes
+`llm_watchdog.prom` in `inference_server_textfile_dir` (written aside and renamed):
+`llm_watchdog_last_probe_timestamp_seconds`, `llm_watchdog_probe_latency_seconds`,
+`llm_watchdog_probe_success`, `llm_watchdog_consecutive_failures`,
+`llm_watchdog_restarts_total`, `llm_watchdog_last_restart_timestamp_seconds`, and the two
+give-up series, each labelled `unit`. One probe now, with a shorter deadline: write
+`LLM_WATCHDOG_DEADLINE_S=5` (and `LLM_WATCHDOG_FAILURES=1`) to `/run/<unit>-watchdog.env` and
+`systemctl start <unit>-watchdog.service`.
+
+**Boot**: `RequiresMountsFor=` names the venv link and directory and the model's (and the
+drafter's) revision directory (`inference_server_mounts_for`), so a late mount is waited for
+instead of crashed into; the SGLang unit is `After=`/`Wants=nvidia-persistenced.service`
+(`inference_server_after_units`; a host without that unit is unaffected, systemd ignores a
+`Wants=` of a unit that does not exist).
+
+**The last-known-good record** is written whole into `last-known-good.staged` and exchanged
+with the live directory by one `renameat2(RENAME_EXCHANGE)` after an fsync
+(`files/lkg_commit.py`): a kill at any point leaves the old record or the new one. A rollback
+first checks that the record's venv (`bin/python`), model and drafter directories and the
+unit copy exist, and otherwise refuses with one sentence naming what is missing, before any
+link or unit moves (`tests/roles/test_lkg_record.py`).
+
+Proven on a real systemd host by `molecule/default/tests/test_watchdog.py` (a SIGSTOPped main
+process restarted by one watchdog run through the drain; a crash loop from a runtime drop-in
+recorded by `OnFailure=` and brought back by the watchdog; the metrics read back), which
+prints the seconds of each part; the program's decisions (deadline, failures in a row, the
+deploy lock, the back-off, the key never printed) by `tests/roles/test_serving_watch.py`.
 """
 
 ADOPTION = """\
@@ -543,7 +598,7 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> st
             "## Rolling deploys through the gateway\n\nNot measured yet: run `molecule test -s fleet`, "
             "then copy `artifacts/fleet/rolling_deploy.json` to `bench/results/`.\n\n"
         ]
-    page += [DESIGN.lstrip("\n"), "\n", ADOPTION, LIMITS]
+    page += [DESIGN.lstrip("\n"), "\n", SERVING, ADOPTION, LIMITS]
     return "".join(page)
 
 

@@ -1,0 +1,148 @@
+"""The last-known-good record is replaced whole (lkg_commit.py); a rollback refuses a record whose files are gone.
+
+lkg_commit runs on real directories here; the refusal runs the role's tasks/rollback.yml with
+ansible-playbook on localhost against a record in a temporary directory (no systemd needed:
+the refusal comes before anything would be restarted). The molecule scenarios ``default`` and
+``rollback`` run record_good.yml and rollback.yml on a systemd host.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ROLE = REPO / "roles" / "inference_server"
+BIN = Path(sys.executable).parent
+
+
+def load() -> ModuleType:
+    """files/lkg_commit.py as a module."""
+    spec = importlib.util.spec_from_file_location("lkg_commit", ROLE / "files" / "lkg_commit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def record(path: Path, **files: str) -> Path:
+    """A record directory holding ``files`` (name -> text)."""
+    path.mkdir()
+    for name, text in files.items():
+        (path / name.replace("_", ".")).write_text(text)
+    return path
+
+
+def listing(path: Path) -> dict[str, str]:
+    """The record's files, by name."""
+    return {p.name: p.read_text() for p in sorted(path.iterdir())}
+
+
+def test_a_first_record_is_renamed_into_place(tmp_path):
+    staged = record(tmp_path / "lkg.staged", unit_service="u1", state_json="{}")
+    assert load().commit(str(staged), str(tmp_path / "lkg")) is True
+    assert listing(tmp_path / "lkg") == {"state.json": "{}", "unit.service": "u1"} and not staged.exists()
+
+
+def test_a_new_record_replaces_the_whole_old_one_in_one_exchange(tmp_path):
+    live = record(tmp_path / "lkg", unit_service="u1", api_key_yaml="k1", state_json="{1}")
+    inode = live.stat().st_ino
+    staged = record(tmp_path / "lkg.staged", unit_service="u2", state_json="{2}")
+    assert load().commit(str(staged), str(live)) is True
+    # The API key file the new state does not have is gone with the old record, not kept beside the new one.
+    assert listing(live) == {"state.json": "{2}", "unit.service": "u2"}
+    assert live.stat().st_ino != inode, "the directory itself is exchanged, not its files one by one"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lkg"]
+
+
+def test_the_same_record_changes_nothing(tmp_path):
+    live = record(tmp_path / "lkg", unit_service="u1", state_json="{1}")
+    inode = live.stat().st_ino
+    staged = record(tmp_path / "lkg.staged", unit_service="u1", state_json="{1}")
+    assert load().commit(str(staged), str(live)) is False
+    assert live.stat().st_ino == inode and not staged.exists()
+
+
+def test_without_rename_exchange_the_record_is_still_replaced_whole(tmp_path, monkeypatch):
+    module = load()
+
+    def unsupported(a: str, b: str) -> None:
+        raise OSError(errno.EINVAL, "no RENAME_EXCHANGE", a)
+
+    monkeypatch.setattr(module, "exchange", unsupported)
+    live = record(tmp_path / "lkg", unit_service="u1", state_json="{1}")
+    staged = record(tmp_path / "lkg.staged", unit_service="u2", state_json="{2}")
+    assert module.commit(str(staged), str(live)) is True
+    assert listing(live) == {"state.json": "{2}", "unit.service": "u2"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lkg"]
+
+
+def rollback(tmp_path: Path, state: dict) -> subprocess.CompletedProcess:
+    """Run tasks/rollback.yml against a record in ``tmp_path`` (deploy dir tmp_path/deploy)."""
+    lkg = tmp_path / "deploy" / "last-known-good"
+    lkg.mkdir(parents=True)
+    (lkg / "state.json").write_text(json.dumps(state))
+    (lkg / "unit.service").write_text("[Service]\n")
+    variables = {
+        "inference_server_unit_name": "lkg-test-no-such-unit",
+        "inference_server_deploy_dir": str(tmp_path / "deploy"),
+        "inference_server_rollback_reason": "The gate failed.",
+        "inference_server_plan": {"argv": [], "env": {}, "notes": []},
+    }
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "Roll back",
+                    "ansible.builtin.include_role": {"name": "inference_server", "tasks_from": "rollback.yml"},
+                }
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+        ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"),
+        ANSIBLE_LOCALHOST_WARNING="False",
+        ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
+        PATH=f"{BIN}:{os.environ['PATH']}",
+    )
+    cmd = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
+    cmd += ["-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}"]
+    return subprocess.run([*cmd, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("missing", ["venv", "model"])
+def test_a_rollback_to_a_record_whose_files_are_gone_is_refused_before_the_links_move(tmp_path, missing):
+    venv, model, link = tmp_path / "venv-old", tmp_path / "model-old", tmp_path / "ml-env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    model.mkdir()
+    (tmp_path / "venv-new").mkdir()
+    link.symlink_to(tmp_path / "venv-new")
+    if missing == "venv":
+        (venv / "bin" / "python").unlink()
+    else:
+        model.rmdir()
+    state = {"venv_dir": str(venv), "ml_env_path": str(link), "model_dir": str(model), "model_revision": "r1"}
+    state |= {"venv_lock": "transformers-cpu.txt", "model_current_link": "", "engine": "transformers"}
+    run = rollback(tmp_path, state)
+    assert run.returncode != 0
+    gone = str(venv / "bin" / "python") if missing == "venv" else str(model)
+    assert (
+        f"The gate failed. Rolling back is refused: the last-known-good {missing} ({gone}) is missing on this host"
+        in " ".join(run.stdout.split())
+    ), run.stdout[-3000:]
+    assert os.readlink(link) == str(tmp_path / "venv-new"), "the venv link must not move to a missing directory"

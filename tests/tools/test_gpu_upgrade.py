@@ -20,6 +20,24 @@ GATE_ARGS = ["--requests", "2", "--warmup", "0", "--max-tokens", "12", "--concur
 PACE_S = 0.02
 
 
+def upgrade_args(candidate_state: Path, **changes: object) -> argparse.Namespace:
+    """The command line of ``gpu-acceptance upgrade`` as parsed, with ``changes``."""
+    values: dict[str, object] = {
+        "candidate_state": candidate_state,
+        "candidate_plan": None,
+        "name": "t",
+        "baseline_gates": 3,
+        "baseline": None,
+        "baseline_only": False,
+        "gate_arg": [],
+        "max_regression_pct": 10.0,
+        "min_running_requests": 0,
+        "timeout": 60,
+    }
+    values.update(changes)
+    return argparse.Namespace(**values)
+
+
 def installed(root: Path, port: int, env: dict[str, str]) -> ga.device.Device:
     """A state folder with the fake engine received and installed from its own bundle."""
     dev = ga.device.Device(root / "state")
@@ -49,18 +67,7 @@ def test_upgrade_keeps_or_rolls_back(
         assert ga.processes.cmd_launch(ns(name="running"), running) == 0
         assert ga.processes.cmd_wait(ns(name="running", timeout=30, interval=0.2), running) == 0
         code = ga.upgrade.cmd_upgrade(
-            ns(
-                candidate_state=candidate.root,
-                candidate_plan=None,
-                name="t",
-                baseline_gates=3,
-                baseline=None,
-                baseline_only=False,
-                gate_arg=[],
-                max_regression_pct=25.0,
-                min_running_requests=4,
-                timeout=60,
-            ),
+            upgrade_args(candidate.root, max_regression_pct=25.0, min_running_requests=4),
             running,
         )
     finally:
@@ -90,18 +97,7 @@ def test_upgrade_refuses_a_candidate_from_the_running_venv(tmp_path: Path, monke
     dev.set_server("running", {"argv": dev.plan().argv, "pid": 0, "url": "http://127.0.0.1:1"})
     with pytest.raises(ga.common.AcceptanceError, match="nothing to upgrade"):
         ga.upgrade.cmd_upgrade(
-            argparse.Namespace(
-                candidate_state=dev.root,
-                candidate_plan=None,
-                name="t",
-                baseline_gates=1,
-                baseline=None,
-                baseline_only=False,
-                gate_arg=[],
-                max_regression_pct=10.0,
-                min_running_requests=0,
-                timeout=10,
-            ),
+            upgrade_args(dev.root, baseline_gates=1, timeout=10),
             dev,
         )
 

@@ -44,6 +44,11 @@ from .upgrade import cmd_upgrade
 # --------------------------------------------------------------------------------------
 
 
+def add_gate_arg(parser: argparse.ArgumentParser, text: str) -> None:
+    """The repeatable ``--gate-arg`` option: arguments passed on to tools/health-gate."""
+    parser.add_argument("--gate-arg", action="append", default=[], help=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
     ap = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,11 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="python with torch+transformers for make-tiny-model "
         "(default $DEPLOY_CACHE_DIR/venvs/transformers-cpu/bin/python)",
     )
-    p.add_argument(
-        "--gate-arg",
-        action="append",
-        default=[],
-        help="argument for tools/health-gate on the device (repeatable, e.g. --gate-arg=--min-accept-length=1.0)",
+    add_gate_arg(
+        p, "argument for tools/health-gate on the device (repeatable, e.g. --gate-arg=--min-accept-length=1.0)"
     )
     p.add_argument("--input-len", type=int, default=128, help="bench prompt tokens when the gate reports none")
     p.add_argument("--output-len", type=int, default=256, help="bench output tokens when the gate reports none")
@@ -140,11 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--baseline-only", action="store_true", help="measure the baseline and the gate's noise, switch nothing"
     )
-    p.add_argument(
-        "--gate-arg",
-        action="append",
-        default=[],
-        help="argument for every gate of the upgrade, after the manifest's (repeatable, e.g. --gate-arg=--requests=8)",
+    add_gate_arg(
+        p, "argument for every gate of the upgrade, after the manifest's (repeatable, e.g. --gate-arg=--requests=8)"
     )
     p.add_argument("--max-regression-pct", type=float, default=10.0, help="the relative gate's margin (default 10)")
     p.add_argument("--min-running-requests", type=int, default=0, help="the capacity floor (default 0: none)")

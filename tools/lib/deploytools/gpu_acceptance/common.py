@@ -246,6 +246,11 @@ class Plan:
             raise AcceptanceError("the plan's argv has no --model-path")
         return cls(argv, env, [str(n) for n in data.get("notes", [])])
 
+    @classmethod
+    def from_file(cls, path: Path) -> Plan:
+        """A rendered plan JSON file (tools/launch-plan's plan: argv, env, notes)."""
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
     @property
     def venv_dir(self) -> Path:
         """The venv the plan runs from (argv[0] is ``<venv>/bin/sglang``)."""

@@ -187,7 +187,7 @@ def launch_server(dev: Device, name: str, plan: Plan) -> dict[str, Any]:
 def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
     """Start the plan's argv (the manifest's, or ``--plan FILE``'s) in its own session."""
     plan_file = getattr(args, "plan", None)
-    plan = Plan.from_dict(json.loads(Path(plan_file).read_text())) if plan_file else dev.plan()
+    plan = Plan.from_file(plan_file) if plan_file else dev.plan()
     launch_server(dev, args.name, plan)
     return 0
 

@@ -24,11 +24,9 @@ otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 from .common import AcceptanceError, Plan, say, write_json
@@ -46,10 +44,14 @@ def spread_pct(values: list[float]) -> float | None:
     return round(100.0 * (max(values) - min(values)) / statistics.median(values), 2)
 
 
-def gate(dev: Device, name: str, extra: list[str], timeout: float) -> dict[str, Any]:
-    """Run the runner's gate step on server ``name``; return its recorded result."""
-    cmd_gate(argparse.Namespace(name=name, timeout=timeout, gate_args=extra), dev)
-    return dev.load()["gate"][name]
+def gate(dev: Device, name: str, extra: list[str], timeout: float, label: str | None = None) -> dict[str, Any]:
+    """Run the runner's gate step on server ``name``, its result kept under ``label`` (default the
+    server's name: a label of its own keeps one server's several gates apart); return that result."""
+    label = label or name
+    if label != name:
+        dev.set_server(label, dev.server(name))
+    cmd_gate(argparse.Namespace(name=label, timeout=timeout, gate_args=extra), dev)
+    return dev.load()["gate"][label]
 
 
 def save_metrics(dev: Device, name: str) -> str | None:
@@ -71,8 +73,7 @@ def measure_baseline(dev: Device, gates: int, extra: list[str], timeout: float) 
     runs = []
     for index in range(gates):
         name = f"{RUNNING}-baseline-{index + 1}"
-        dev.set_server(name, dev.server(RUNNING))
-        result = gate(dev, name, extra, timeout)
+        result = gate(dev, RUNNING, extra, timeout, label=name)
         if not result.get("passed"):
             raise AcceptanceError(f"the running server failed its own gate ({name}): it is no baseline")
         runs.append(result)
@@ -106,8 +107,7 @@ def switch(dev: Device, name: str, plan: Plan, timeout: float) -> dict[str, Any]
 def cmd_upgrade(args: argparse.Namespace, dev: Device) -> int:
     """Baseline, switch to the candidate, gate, keep or roll back (module docstring)."""
     candidate_dev = Device(args.candidate_state)
-    plan_file = args.candidate_plan
-    candidate_plan = Plan.from_dict(json.loads(Path(plan_file).read_text())) if plan_file else candidate_dev.plan()
+    candidate_plan = Plan.from_file(args.candidate_plan) if args.candidate_plan else candidate_dev.plan()
     running_plan = Plan.from_dict({"argv": dev.server(RUNNING)["argv"], "env": dev.plan().env})
     if running_plan.argv[0] == candidate_plan.argv[0] and not args.candidate_plan:
         raise AcceptanceError("the candidate runs from the running server's venv: nothing to upgrade")
@@ -154,8 +154,7 @@ def cmd_upgrade(args: argparse.Namespace, dev: Device) -> int:
         cmd_stop(argparse.Namespace(name=candidate_name), candidate_dev)
         record["rollback_start"] = switch(dev, RUNNING, running_plan, args.timeout)
         if record["rollback_start"]["ready"]:
-            dev.set_server(f"{RUNNING}-after-rollback", dev.server(RUNNING))
-            result = gate(dev, f"{RUNNING}-after-rollback", relative, args.timeout)
+            result = gate(dev, RUNNING, relative, args.timeout, label=f"{RUNNING}-after-rollback")
             record["rollback_gate"] = summary(result)
         record["verdict"] = "rolled_back"
     record["switch_to_end_s"] = round(time.time() - t_switch, 1)

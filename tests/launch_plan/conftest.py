@@ -24,7 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +44,7 @@ from launch_plan_cases import (
 )
 
 NEWEST_MARKER = "sglang_newest"
+CHECK_FORKSERVER = Path(__file__).with_name("check_forkserver.py")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -171,22 +172,82 @@ def transformers_venv() -> Path:
 CheckRunner = Callable[..., "tuple[int, dict[str, Any]]"]
 
 
+class CheckServers:
+    """One check_forkserver.py per (venv, engine, environment): the engine imported once, each check forked."""
+
+    def __init__(self) -> None:
+        self.servers: dict[tuple[str, str, tuple[tuple[str, str], ...]], subprocess.Popen[str]] = {}
+
+    def run(self, venv: Path, engine: str, args: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """Run check-launch-args.py with ``args`` in a fork of the matching server: rc, stdout, stderr."""
+        key = (str(venv), engine, tuple(sorted(env.items())))
+        server = self.servers.get(key)
+        if server is None or server.poll() is not None:
+            server = subprocess.Popen(
+                [str(venv / "bin" / "python"), str(CHECK_FORKSERVER), str(CHECK_SCRIPT), engine],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=env,
+            )
+            self.servers[key] = server
+        assert server.stdin and server.stdout
+        server.stdin.write(json.dumps({"argv": args}) + "\n")
+        server.stdin.flush()
+        answer = server.stdout.readline()
+        assert answer, f"check_forkserver.py in {venv} ended without answering (exit {server.wait()})"
+        return json.loads(answer)
+
+    def close(self) -> None:
+        """Stop every server (each ends when its stdin closes)."""
+        for server in self.servers.values():
+            if server.stdin:
+                server.stdin.close()
+            server.wait(timeout=60)
+
+
 @pytest.fixture(scope="session")
-def run_check() -> CheckRunner:
-    """Run check-launch-args.py with a venv's python: ``run_check(venv, engine, argv, env=, gpus=)``."""
+def check_servers() -> Iterator[CheckServers]:
+    """The session's check servers, stopped at its end."""
+    servers = CheckServers()
+    yield servers
+    servers.close()
+
+
+ScriptRunner = Callable[..., "dict[str, Any]"]
+
+
+@pytest.fixture(scope="session")
+def check_script(check_servers: CheckServers) -> ScriptRunner:
+    """Run check-launch-args.py in a venv: ``check_script(venv, engine, args, env=)`` -> {rc, stdout, stderr}.
+
+    The script runs whole in a process of its own, with the venv's python and the test process's
+    environment less SGLANG_*, HF_* and PYTEST_* plus ``env``, forked from a server that imported the
+    engine once with that same environment (check_forkserver.py).
+    """
+
+    def run(venv: Path, engine: str, args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+        # PYTEST_CURRENT_TEST names each test: left out, one server answers every test of an environment.
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "HF_", "PYTEST_"))}
+        full_env.update(env or {})
+        return check_servers.run(venv, engine, args, full_env)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_check(check_script: ScriptRunner) -> CheckRunner:
+    """Check a plan's argv in a venv: ``run_check(venv, engine, argv, env=, gpus=)`` -> (exit status, result)."""
 
     def run(
         venv: Path, engine: str, argv: list[str], env: dict[str, str] | None = None, gpus: int = 0
     ) -> tuple[int, dict[str, Any]]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "HF_"))}
-        full_env.update(env or {})
-        proc = _run(
-            [str(venv / "bin" / "python"), str(CHECK_SCRIPT), "--engine", engine, "--gpus", str(gpus), "--", *argv],
-            env=full_env,
-        )
-        lines = proc.stdout.strip().splitlines()
-        assert len(lines) == 1, f"expected one JSON line on stdout, got:\n{proc.stdout}\nstderr:\n{proc.stderr[-3000:]}"
-        return proc.returncode, json.loads(lines[0])
+        proc = check_script(venv, engine, ["--engine", engine, "--gpus", str(gpus), "--", *argv], env)
+        lines = proc["stdout"].strip().splitlines()
+        tail = proc["stderr"][-3000:]
+        assert len(lines) == 1, f"expected one JSON line on stdout, got:\n{proc['stdout']}\nstderr:\n{tail}"
+        return proc["rc"], json.loads(lines[0])
 
     return run
 

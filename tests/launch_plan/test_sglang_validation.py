@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from launch_plan_cases import (
-    CHECK_SCRIPT,
     FLAG_TABLES,
     ORIGIN_FLAGS,
     ORIGIN_OVERRIDES,
@@ -39,42 +38,29 @@ SGLANG_RADIX_ERROR = (
 GPU_ONLY_ERROR = "Mamba extra_buffer is only supported on CUDA and MUSA devices with FLA backend"
 
 
-def dump_flags(venv: Path, engine: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [str(venv / "bin" / "python"), str(CHECK_SCRIPT), "--engine", engine, "--dump-flags"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
 # --------------------------------------------------------------------------------------
 # The committed flag tables are the engines' real parsers
 # --------------------------------------------------------------------------------------
 
 
-def test_sglang_flag_table_is_sglangs_own_parser(sglang_venv):
+def test_sglang_flag_table_is_sglangs_own_parser(sglang_venv, check_script):
     """Each version's committed table is what its parser dumps (tools/build-sglang-check-venv --dump-flags)."""
     committed = (FLAG_TABLES / f"sglang-{sglang_venv.version}.json").read_text()
-    proc = subprocess.run(
-        [str(sglang_venv.path / "bin" / "python"), str(CHECK_SCRIPT), "--engine", "sglang", "--dump-flags"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout)["version"] == sglang_venv.version
-    assert proc.stdout == committed, (
+    proc = check_script(sglang_venv.path, "sglang", ["--engine", "sglang", "--dump-flags"])
+    assert proc["rc"] == 0, proc["stderr"][-3000:]
+    assert json.loads(proc["stdout"])["version"] == sglang_venv.version
+    assert proc["stdout"] == committed, (
         f"filter_plugins/launch_plan_flags/sglang-{sglang_venv.version}.json is not SGLang's parser: "
         f"regenerate it with tools/build-sglang-check-venv --dump-flags {sglang_venv.version}"
     )
 
 
-def test_transformers_flag_table_is_transformers_serve(transformers_venv):
+def test_transformers_flag_table_is_transformers_serve(transformers_venv, check_script):
+    """The committed transformers table is what transformers serve's click command dumps."""
     committed = json.loads((REPO / "filter_plugins" / "launch_plan_flags" / "transformers-5.6.0.json").read_text())
-    assert dump_flags(transformers_venv, "transformers") == committed
+    proc = check_script(transformers_venv, "transformers", ["--engine", "transformers", "--dump-flags"])
+    assert proc["rc"] == 0, proc["stderr"][-3000:]
+    assert json.loads(proc["stdout"]) == committed
 
 
 # --------------------------------------------------------------------------------------

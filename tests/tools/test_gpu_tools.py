@@ -868,3 +868,17 @@ def test_run_stops_at_the_first_failure_and_still_collects(tmp_path: Path) -> No
         "gpu_acceptance.md",
         "logs.tar.gz",
     ]
+
+
+def test_process_users_counts_each_process_by_its_real_uid() -> None:
+    """What the launch record's ``process_users`` says of a server's session: every process by real uid."""
+    import pwd
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert ga.processes.process_users([os.getpid(), child.pid]) == {me: 2}
+        assert ga.processes.process_users([2**22 + 7]) == {}  # a pid that does not exist is left out
+    finally:
+        child.kill()
+        child.wait()

@@ -107,11 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="put this config.json in the model directory (e.g. the real model's, served with --load-format dummy)",
     )
+    p.add_argument("--plan", type=Path, help="a rendered plan JSON: its venv and model paths instead of the manifest's")
     p = sub.add_parser("original-flags", help="run the seed's by-hand flags, capture the refusal (GPU host)")
     p.add_argument("--timeout", type=float, default=180)
     p = sub.add_parser("launch", help="start the plan in its own session (GPU host)")
     p.add_argument("name")
     p.add_argument("--plan", type=Path, help="a rendered plan JSON instead of the manifest's")
+    p.add_argument("--user", help="run the server as this system user (created when missing), as the role's unit does")
     p = sub.add_parser("wait", help="wait for /health (GPU host)")
     p.add_argument("name")
     p.add_argument("--timeout", type=float, default=420)

@@ -23,6 +23,7 @@ from deploytools import build_bundle as bundle
 
 from .common import (
     AcceptanceError,
+    Plan,
     say,
 )
 from .device import Device, expected_files
@@ -182,7 +183,8 @@ def use_tiny_config(model_dir: Path) -> None:
 
 def cmd_install(args: argparse.Namespace, dev: Device) -> int:
     """Create the plan's venv on the image's Python, unpack the bundled packages and the model."""
-    manifest, plan = dev.manifest(), dev.plan()
+    manifest = dev.manifest()
+    plan = Plan.from_file(args.plan) if getattr(args, "plan", None) else dev.plan()
     t0 = time.time()
     want = manifest["bundle"].get("python_version")
     have = f"{sys.version_info.major}.{sys.version_info.minor}"

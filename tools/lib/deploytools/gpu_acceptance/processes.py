@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import grp
 import json
 import os
+import pwd
 import re
 import shlex
 import signal
@@ -14,6 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +102,85 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start(argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> int:
-    """Start argv in a new session (setsid), output to ``log``; return its pid."""
+@dataclass(frozen=True)
+class ServiceAccount:
+    """The account a server runs as (the inference_server role's service user on a deploy)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def ensure(cls, name: str) -> ServiceAccount:
+        """The system user ``name`` (created as the role creates it when missing), with the groups of
+        the NVIDIA device files it could not open otherwise."""
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            useradd = ["useradd", "--system", "--user-group", "--home-dir", "/nonexistent"]
+            subprocess.run([*useradd, "--shell", "/usr/sbin/nologin", name], check=True)
+            say(f"created the system user {name}")
+            entry = pwd.getpwnam(name)
+        groups = set()
+        for device in Path("/dev").glob("nvidia*"):
+            info = device.stat()
+            if not info.st_mode & 0o006 and info.st_gid != 0:
+                groups.add(info.st_gid)
+        return cls(name, entry.pw_uid, entry.pw_gid, tuple(sorted(groups)), entry.pw_dir)
+
+    def can_reach(self, paths: list[Path]) -> list[str]:
+        """The paths this account cannot read (a directory: list), each with the reason."""
+        missing = []
+        for path in paths:
+            test = ["test", "-r", str(path)] + (["-a", "-x", str(path)] if path.is_dir() else [])
+            done = subprocess.run(test, user=self.uid, group=self.gid, extra_groups=list(self.groups), check=False)
+            if done.returncode:
+                missing.append(f"{path} (not readable by {self.name}; a parent directory may not be traversable)")
+        return missing
+
+    def own(self, folder: Path) -> None:
+        """Hand a cache folder, and what is in it, to the account."""
+        for path in [folder, *folder.rglob("*")]:
+            with contextlib.suppress(FileNotFoundError):
+                os.lchown(path, self.uid, self.gid)
+
+    def describe(self) -> dict[str, Any]:
+        """The account as recorded with the server."""
+        return {
+            "user": self.name,
+            "uid": self.uid,
+            "gid": self.gid,
+            "groups": [grp.getgrgid(g).gr_name for g in self.groups],
+        }
+
+
+def process_users(pids: list[int]) -> dict[str, int]:
+    """How many of ``pids`` run as each user (the real uid of /proc/PID/status)."""
+    users: dict[str, int] = {}
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            uid_line = next(line for line in status if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        uid = int(uid_line.split()[1])
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        users[name] = users.get(name, 0) + 1
+    return users
+
+
+def start(argv: list[str], env: dict[str, str], log: Path, cwd: Path, account: ServiceAccount | None = None) -> int:
+    """Start argv in a new session (setsid), output to ``log``, as ``account`` when given; return its pid."""
     cwd.mkdir(parents=True, exist_ok=True)
+    as_account: dict[str, Any] = {}
+    if account:
+        os.chown(cwd, account.uid, account.gid)
+        as_account = {"user": account.uid, "group": account.gid, "extra_groups": list(account.groups)}
     with log.open("ab") as out:
         proc = subprocess.Popen(
             argv,
@@ -111,6 +190,7 @@ def start(argv: list[str], env: dict[str, str], log: Path, cwd: Path) -> int:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            **as_account,
         )
     return proc.pid
 
@@ -151,19 +231,31 @@ def health_status(url: str) -> int | None:
         return None
 
 
-def launch_server(dev: Device, name: str, plan: Plan) -> dict[str, Any]:
-    """Start ``plan``'s argv with its environment in its own session; record and return the server."""
+def launch_server(dev: Device, name: str, plan: Plan, user: str | None = None) -> dict[str, Any]:
+    """Start ``plan``'s argv with its environment in its own session, as ``user`` when given (the
+    service account: created when missing, the plan's cache folders handed to it, HOME its cache);
+    record and return the server."""
     if not Path(plan.argv[0]).is_file():
         raise AcceptanceError(f"{plan.argv[0]} does not exist: run install first")
     if port_open(plan.port):
         raise AcceptanceError(f"port {plan.port} is already in use; stop the running server first")
     env, added = server_env(plan)
+    account = ServiceAccount.ensure(user) if user else None
     for folder in cache_dirs(plan.env):
         folder.mkdir(parents=True, exist_ok=True)
+        if account:
+            account.own(folder)
+    if account:
+        unreachable = account.can_reach([Path(plan.argv[0]).resolve(), plan.venv_dir, plan.model_path / "config.json"])
+        if unreachable:
+            raise AcceptanceError(f"the service user cannot start the plan: {'; '.join(unreachable)}")
+        # No home of its own (as the role's account): the plan's cache folder, which it owns.
+        home = plan.env.get("XDG_CACHE_HOME") or str(dev.root / "run")
+        env["HOME"], added["HOME"] = home, home
     log = dev.logs / f"server-{name}.log"
     log.unlink(missing_ok=True)
     t0 = time.time()
-    pid = start(plan.argv, env, log, dev.root / "run")
+    pid = start(plan.argv, env, log, dev.root / "run", account)
     record = {
         "pid": pid,
         "t0": t0,
@@ -173,6 +265,7 @@ def launch_server(dev: Device, name: str, plan: Plan) -> dict[str, Any]:
         "device_env_added": added,
         "url": plan.url,
         "jit_caches_before": jit_cache_sizes(plan.env),
+        "account": account.describe() if account else None,
     }
     dev.set_server(name, record)
     say(f"launched '{name}' pid {pid}: {shlex.join(plan.argv)}")
@@ -188,7 +281,7 @@ def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
     """Start the plan's argv (the manifest's, or ``--plan FILE``'s) in its own session."""
     plan_file = getattr(args, "plan", None)
     plan = Plan.from_file(plan_file) if plan_file else dev.plan()
-    launch_server(dev, args.name, plan)
+    launch_server(dev, args.name, plan, getattr(args, "user", None))
     return 0
 
 
@@ -203,8 +296,10 @@ def cmd_wait(args: argparse.Namespace, dev: Device) -> int:
         status = health_status(record["url"])
         if status == 200:
             record["ready_s"] = round(time.time() - record["t0"], 1)
+            # Who runs the server: every process of its session, by its real uid.
+            record["process_users"] = process_users(session_pids(record["pid"]))
             dev.set_server(args.name, record)
-            say(f"'{args.name}' is ready after {record['ready_s']} s")
+            say(f"'{args.name}' is ready after {record['ready_s']} s; its processes run as {record['process_users']}")
             return 0
         if not alive(record["pid"]):
             record["died_s"] = round(time.time() - record["t0"], 1)

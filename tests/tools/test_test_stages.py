@@ -116,10 +116,34 @@ def test_molecule_that_cannot_be_started_fails_the_run(stages: Path, tmp_path: P
     }
 
 
-def test_schedule_starts_the_longest_known_scenario_first() -> None:
-    known = {"molecule fast": 60.0, "molecule slow": 900.0, "lint": 30.0}
-    assert test_stages.schedule(["fast", "new", "slow"], known) == ["new", "slow", "fast"]
+def test_schedule_starts_the_longest_known_job_first() -> None:
+    known = {"molecule fast": 60.0, "molecule slow": 900.0, "lint": 30.0, "pytest": 400.0}
+    jobs = ["molecule fast", "molecule new", "pytest", "molecule slow"]
+    assert test_stages.schedule(jobs, known) == ["molecule new", "molecule slow", "pytest", "molecule fast"]
     assert test_stages.schedule(["b", "a"], {}) == ["b", "a"]
+
+
+def test_a_job_takes_a_lane_beside_the_scenarios(stages: Path, tmp_path: Path) -> None:
+    """``--job NAME=COMMAND`` runs beside the scenarios in a lane of its own, is recorded as a stage
+    (no actions), its log kept and its last lines printed; its failure fails the run."""
+    fake = tmp_path / "bin" / "molecule"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "INFO     [$3 > converge] Executing"; sleep 0.8\nexit 0\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    job = f"unit={sys.executable} -c \"import time; time.sleep(0.8); print('7 passed'); raise SystemExit(5)\""
+    done = _tool("molecule", "--lanes", "2", "--job", job, "alpha", env=env)
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "unit: FAILED (exit 5)" in done.stdout and "7 passed" in done.stdout
+    by_name = {s["name"]: s for s in test_stages.read_stages(stages)}
+    assert set(by_name) == {"molecule alpha", "unit"}
+    unit, alpha = by_name["unit"], by_name["molecule alpha"]
+    assert unit["kind"] == "stage" and "actions" not in unit and unit["rc"] == 5
+    assert max(alpha["start"], unit["start"]) < min(alpha["end"], unit["end"])
+    assert (stages.parent / "unit.log").read_text() == "7 passed\n"
+    # A job that is not NAME=COMMAND is refused in one sentence, before anything runs.
+    bad = _tool("molecule", "--job", "pytest", "alpha", env=env)
+    assert bad.returncode == 2 and "write it as NAME=COMMAND" in bad.stderr
 
 
 def _stage(name: str, seconds: float, start: float, rc: int = 0, **extra: object) -> dict[str, object]:

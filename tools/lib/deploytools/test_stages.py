@@ -2,7 +2,8 @@
 
     tools/test-stages start                               # a new run (forgets the last one's stages)
     tools/test-stages run NAME -- COMMAND [ARG...]        # one stage, timed; exits with COMMAND's status
-    tools/test-stages molecule [--lanes N] SCENARIO...    # molecule scenarios, N at a time, each action timed
+    tools/test-stages molecule [--lanes N] [--job NAME=COMMAND] SCENARIO...
+                                                          # molecule scenarios (and other jobs), N at a time
     tools/test-stages report [--budget-s 2400] [--record FILE] [--label TEXT]
 
 Each stage appends one JSON line to the run's file (``artifacts/make-test/stages.jsonl``, or
@@ -15,8 +16,12 @@ that molecule prints when an action starts.
 each has its own containers, network and ephemeral directory). A scenario's output goes to
 ``artifacts/make-test/molecule-<scenario>.log``; with one lane it is also streamed to the
 terminal. The console gets one line per action, and on failure the failing scenario's last
-lines. The longest scenarios start first, by the durations of the last run recorded in
-``bench/results/make_test_times.json`` (then the order given), so the lanes end together.
+lines. ``--job NAME=COMMAND`` adds another stage that takes a lane like a scenario (make test
+runs pytest so, beside the scenarios: both wait on servers and timers for part of their time,
+and one fills the other's idle CPU); its output goes to ``artifacts/make-test/NAME.log`` and its
+last lines to the console. The longest jobs start first, by the durations of the last run
+recorded in ``bench/results/make_test_times.json`` (then the order given), so the lanes end
+together.
 
 ``report`` prints the table (stages, then each scenario's actions) and ends with one line
 that compares the run's wall time with the budget and names the three slowest stages; it is
@@ -35,6 +40,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -50,6 +56,8 @@ DEFAULT_STAGES_FILE = REPO / "artifacts" / "make-test" / "stages.jsonl"
 DEFAULT_TIMES_FILE = REPO / "bench" / "results" / "make_test_times.json"
 BUDGET_S = 2400.0
 FAILED_TAIL_LINES = 150
+# The last lines of a passed non-molecule job printed on the console (pytest's slowest tests and count).
+JOB_SUMMARY_LINES = 14
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # molecule's section logger: "INFO     [fleet > converge] Executing" without a terminal,
@@ -132,26 +140,43 @@ def run_stage(name: str, command: Sequence[str]) -> int:
 
 
 @dataclass
-class ScenarioRun:
-    """One molecule scenario in a lane: its process, log and action clock."""
+class LaneJob:
+    """One job of a lane (a molecule scenario, or a stage such as pytest): its process, log and clock."""
 
     name: str
+    command: list[str]
     log_path: Path
     stream: bool
+    scenario: bool = True
     clock: ActionClock = field(default_factory=ActionClock)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=FAILED_TAIL_LINES))
     start: float = 0.0
     end: float = 0.0
     rc: int | None = None
 
+    @classmethod
+    def molecule(cls, scenario: str, log_dir: Path, stream: bool) -> LaneJob:
+        """``molecule test -s SCENARIO``, recorded as stage ``molecule SCENARIO`` with its actions."""
+        return cls(
+            f"molecule {scenario}", ["molecule", "test", "-s", scenario], log_dir / f"molecule-{scenario}.log", stream
+        )
+
+    @classmethod
+    def stage(cls, spec: str, log_dir: Path, stream: bool) -> LaneJob:
+        """``NAME=COMMAND`` (COMMAND split as a shell would): a plain stage that takes a lane."""
+        name, sep, command = spec.partition("=")
+        if not sep or not name.strip() or not command.strip():
+            raise ValueError(f"--job {spec!r}: write it as NAME=COMMAND, e.g. 'pytest=make pytest'")
+        return cls(name.strip(), shlex.split(command), log_dir / f"{name.strip()}.log", stream, scenario=False)
+
     def run(self, lock: threading.Lock) -> None:
-        """Run ``molecule test -s NAME``; keep its output, note each action as it starts."""
+        """Run the command; keep its output, note each molecule action as it starts."""
         self.start = _now()
         env = dict(os.environ, PY_COLORS="0", NO_COLOR="1", ANSIBLE_FORCE_COLOR="0")
         with self.log_path.open("w", encoding="utf-8", buffering=1) as log:
             try:
                 proc = subprocess.Popen(
-                    ["molecule", "test", "-s", self.name],
+                    self.command,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -160,7 +185,7 @@ class ScenarioRun:
                     bufsize=1,
                 )
             except OSError as exc:
-                message = f"test-stages: cannot run molecule: {exc}\n"
+                message = f"test-stages: cannot run {self.command[0]}: {exc}\n"
                 log.write(message)
                 self.tail.append(message)
                 self.rc = 127
@@ -170,36 +195,41 @@ class ScenarioRun:
                     at = _now()
                     log.write(line)
                     self.tail.append(line)
-                    action = self.clock.feed(line, at)
+                    action = self.clock.feed(line, at) if self.scenario else None
                     with lock:
                         if self.stream:
                             sys.stdout.write(line)
                         if action:
-                            print(f"==> [{time.strftime('%H:%M:%S')}] {self.name} ➜ {action}", flush=True)
+                            print(
+                                f"==> [{time.strftime('%H:%M:%S')}] {self.name.removeprefix('molecule ')} ➜ {action}",
+                                flush=True,
+                            )
                 self.rc = proc.wait()
         self.end = _now()
         self.clock.close(self.end)
-        _append(
-            {
-                "kind": "scenario",
-                "name": f"molecule {self.name}",
-                "start": self.start,
-                "end": self.end,
-                "seconds": round(self.end - self.start, 1),
-                "rc": self.rc,
-                "actions": self.clock.summary(),
-            }
-        )
+        record_ = {
+            "kind": "scenario" if self.scenario else "stage",
+            "name": self.name,
+            "start": self.start,
+            "end": self.end,
+            "seconds": round(self.end - self.start, 1),
+            "rc": self.rc,
+        }
+        if self.scenario:
+            record_["actions"] = self.clock.summary()
+        _append(record_)
         with lock:
             verdict = "ok" if self.rc == 0 else f"FAILED (exit {self.rc}), log {self.log_path}"
             print(
-                f"==> [{time.strftime('%H:%M:%S')}] molecule {self.name}: {verdict} in {self.end - self.start:.0f} s",
-                flush=True,
+                f"==> [{time.strftime('%H:%M:%S')}] {self.name}: {verdict} in {self.end - self.start:.0f} s", flush=True
             )
             if self.rc != 0 and not self.stream:
                 print(f"---- last {len(self.tail)} lines of {self.log_path} ----")
                 sys.stdout.write("".join(self.tail))
                 print(f"---- end of {self.name} ----", flush=True)
+            elif not self.scenario and not self.stream:
+                # A stage's own last words (pytest's slowest tests and its count) on the console.
+                print("".join(list(self.tail)[-JOB_SUMMARY_LINES:]), end="", flush=True)
 
 
 def last_durations(times_file: Path = DEFAULT_TIMES_FILE) -> dict[str, float]:
@@ -213,26 +243,30 @@ def last_durations(times_file: Path = DEFAULT_TIMES_FILE) -> dict[str, float]:
     return {stage["name"]: float(stage["seconds"]) for stage in runs[-1].get("stages", [])}
 
 
-def schedule(scenarios: Sequence[str], known: dict[str, float]) -> list[str]:
-    """Order the scenarios longest first (by ``known`` seconds); unknown ones keep their order, first."""
-    unknown = [s for s in scenarios if f"molecule {s}" not in known]
-    timed = sorted((s for s in scenarios if f"molecule {s}" in known), key=lambda s: -known[f"molecule {s}"])
+def schedule(jobs: Sequence[str], known: dict[str, float]) -> list[str]:
+    """Order the jobs (stage names) longest first by ``known`` seconds; unknown ones keep their order, first."""
+    unknown = [j for j in jobs if j not in known]
+    timed = sorted((j for j in jobs if j in known), key=lambda j: -known[j])
     return unknown + timed
 
 
-def run_molecule(scenarios: Sequence[str], lanes: int) -> int:
-    """Run the scenarios ``lanes`` at a time; return the first failure's status (0 when all passed)."""
-    order = schedule(scenarios, last_durations())
+def run_lanes(scenarios: Sequence[str], lanes: int, job_specs: Sequence[str] = ()) -> int:
+    """Run the scenarios (and the ``NAME=COMMAND`` jobs) ``lanes`` at a time; return the first failure's status."""
     log_dir = stages_file().parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    lanes = max(1, min(lanes, len(order)))
+    lanes = max(1, min(lanes, len(scenarios) + len(job_specs)))
+    stream = lanes == 1
+    jobs = {job.name: job for job in (LaneJob.molecule(s, log_dir, stream) for s in scenarios)}
+    for spec in job_specs:
+        job = LaneJob.stage(spec, log_dir, stream)
+        jobs[job.name] = job
+    order = schedule(list(jobs), last_durations())
     print(
-        f"==> [{time.strftime('%H:%M:%S')}] molecule: {len(order)} scenarios in {lanes} lane(s), "
-        f"in this order: {' '.join(order)}",
+        f"==> [{time.strftime('%H:%M:%S')}] {len(order)} jobs in {lanes} lane(s), in this order: {', '.join(order)}",
         flush=True,
     )
-    queue = deque(ScenarioRun(name, log_dir / f"molecule-{name}.log", stream=lanes == 1) for name in order)
-    done: list[ScenarioRun] = []
+    queue = deque(jobs[name] for name in order)
+    done: list[LaneJob] = []
     lock = threading.Lock()
 
     def lane() -> None:
@@ -240,21 +274,21 @@ def run_molecule(scenarios: Sequence[str], lanes: int) -> int:
             with lock:
                 if not queue:
                     return
-                scenario = queue.popleft()
-            scenario.run(lock)
+                job = queue.popleft()
+            job.run(lock)
             with lock:
-                done.append(scenario)
+                done.append(job)
 
     threads = [threading.Thread(target=lane, name=f"lane-{i}") for i in range(lanes)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    failed = [s for s in done if s.rc != 0]
-    for scenario in failed:
-        print(f"==> molecule {scenario.name} FAILED (exit {scenario.rc}); its log: {scenario.log_path}")
-    if len(done) != len(order):  # a lane died before its scenario ended: never a pass
-        print(f"==> molecule: {len(order) - len(done)} scenario(s) did not run to the end", flush=True)
+    failed = [j for j in done if j.rc != 0]
+    for job in failed:
+        print(f"==> {job.name} FAILED (exit {job.rc}); its log: {job.log_path}")
+    if len(done) != len(order):  # a lane died before its job ended: never a pass
+        print(f"==> {len(order) - len(done)} job(s) did not run to the end", flush=True)
         return 1
     if failed:
         return failed[0].rc or 1
@@ -346,9 +380,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = sub.add_parser("run", help="run and time one stage")
     run.add_argument("name")
     run.add_argument("cmd", nargs=argparse.REMAINDER)
-    mol = sub.add_parser("molecule", help="run molecule scenarios in lanes, each action timed")
+    mol = sub.add_parser("molecule", help="run molecule scenarios (and other jobs) in lanes, each action timed")
     mol.add_argument("--lanes", type=int, default=1)
-    mol.add_argument("scenarios", nargs="+")
+    mol.add_argument(
+        "--job",
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND",
+        help="another stage that takes a lane like a scenario (e.g. 'pytest=make pytest'); repeatable",
+    )
+    mol.add_argument("scenarios", nargs="*")
     rep = sub.add_parser("report", help="print the table and the budget line")
     rep.add_argument("--budget-s", type=float, default=BUDGET_S)
     rep.add_argument("--record", help="append the run to this JSON file's runs")
@@ -365,7 +406,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("run needs a command after --")
         return run_stage(args.name, cmd)
     if args.command == "molecule":
-        return run_molecule(args.scenarios, args.lanes)
+        if not args.scenarios and not args.job:
+            parser.error("molecule needs a scenario or a --job")
+        try:
+            return run_lanes(args.scenarios, args.lanes, args.job)
+        except ValueError as exc:
+            parser.error(str(exc))
     return _report(args, sys.stdout)
 
 

@@ -41,22 +41,31 @@ demo: setup sim-up model ## set up, deploy to the local sim host, print the gate
 # MOLECULE_LANES lanes at once, the longest first by the last committed run (tools/test-stages).
 SCENARIOS      ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 MOLECULE_LANES ?= 2
-# `make test` runs pytest in a lane beside the scenarios, TEST_LANES jobs at once: the scenarios
-# and pytest each leave a core idle for part of their time (servers starting, drains, timers),
-# and 2 CPUs stayed about 70 % busy with two lanes (bench/results/make_test_times.json).
-TEST_LANES     ?= 3
+# `make test` runs pytest, then the scenarios in MOLECULE_LANES lanes. PYTEST_BESIDE=1 runs pytest in
+# a lane of its own beside them instead (MOLECULE_LANES + 1 jobs at once): the 2 CPUs go from about
+# 70 % to 99 % busy, but on a 2-core machine that load stretched the load-sensitive bounds past their
+# margins (adopt's switch gap 34.3 s against its warm start 28.7 s + 5 s; bench/results/make_test_times.json),
+# so it stays opt-in until those bounds are measured against the load.
+PYTEST_BESIDE  ?= 0
+ifeq ($(PYTEST_BESIDE),1)
+TEST_JOBS = tools/test-stages molecule --lanes $(shell echo $$(($(MOLECULE_LANES) + 1))) \
+              --job "pytest=$(MAKE) --no-print-directory pytest" $(SCENARIOS)
+else
+TEST_JOBS = tools/test-stages run pytest -- $(MAKE) --no-print-directory pytest && \
+            tools/test-stages molecule --lanes $(MOLECULE_LANES) $(SCENARIOS)
+endif
 
 # Each stage is timed by tools/test-stages; the table (and the 40-minute budget line) is
 # printed at the end whether the run passed or not, and the run's exit status is kept.
 # The setup's steps run two at a time (downloads, debootstrap and venv builds overlap; each
-# target's output is printed whole when it ends). pytest's output: artifacts/make-test/pytest.log.
-test: ## every test: lint, then pytest beside the molecule scenarios, then where the time went
+# target's output is printed whole when it ends). With PYTEST_BESIDE=1, pytest's output is in
+# artifacts/make-test/pytest.log.
+test: ## every test: lint, pytest, molecule scenarios, then where the time went
 	@tools/test-stages start
 	@status=0; \
 	tools/test-stages run setup -- $(MAKE) --no-print-directory -j2 --output-sync=target test-setup && \
 	tools/test-stages run lint -- $(MAKE) --no-print-directory lint && \
-	tools/test-stages molecule --lanes $(TEST_LANES) --job "pytest=$(MAKE) --no-print-directory pytest" \
-	  $(SCENARIOS) || status=$$?; \
+	$(TEST_JOBS) || status=$$?; \
 	tools/test-stages report; exit $$status
 
 # The longest steps first (the baked image, the SGLang check venvs), so that make -j2 starts them

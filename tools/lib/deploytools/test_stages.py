@@ -16,9 +16,9 @@ that molecule prints when an action starts.
 each has its own containers, network and ephemeral directory). A scenario's output goes to
 ``artifacts/make-test/molecule-<scenario>.log``; with one lane it is also streamed to the
 terminal. The console gets one line per action, and on failure the failing scenario's last
-lines. ``--job NAME=COMMAND`` adds another stage that takes a lane like a scenario (make test
-runs pytest so, beside the scenarios: both wait on servers and timers for part of their time,
-and one fills the other's idle CPU); its output goes to ``artifacts/make-test/NAME.log`` and its
+lines. ``--job NAME=COMMAND`` adds another stage that takes a lane like a scenario (``make test
+PYTEST_BESIDE=1`` runs pytest so, beside the scenarios: both wait on servers and timers for part
+of their time, and one fills the other's idle CPU); its output goes to ``artifacts/make-test/NAME.log`` and its
 last lines to the console. The longest jobs start first, by the durations of the last run
 recorded in ``bench/results/make_test_times.json`` (then the order given), so the lanes end
 together.

@@ -56,9 +56,9 @@ class Device:
             raise AcceptanceError(f"no {MANIFEST} in {self.stage}: receive a prepared folder first")
         return json.loads(path.read_text())
 
-    def plan(self) -> Plan:
-        """The launch plan from the manifest."""
-        return Plan.from_dict(self.manifest()["plan"])
+    def plan(self, rendered: Path | None = None) -> Plan:
+        """The launch plan: a rendered plan file when given (``--plan``), else the manifest's."""
+        return Plan.from_file(rendered) if rendered else Plan.from_dict(self.manifest()["plan"])
 
     def server(self, name: str) -> dict[str, Any]:
         """The record of a launched server."""

@@ -23,7 +23,6 @@ from deploytools import build_bundle as bundle
 
 from .common import (
     AcceptanceError,
-    Plan,
     say,
 )
 from .device import Device, expected_files
@@ -184,7 +183,7 @@ def use_tiny_config(model_dir: Path) -> None:
 def cmd_install(args: argparse.Namespace, dev: Device) -> int:
     """Create the plan's venv on the image's Python, unpack the bundled packages and the model."""
     manifest = dev.manifest()
-    plan = Plan.from_file(args.plan) if getattr(args, "plan", None) else dev.plan()
+    plan = dev.plan(getattr(args, "plan", None))
     t0 = time.time()
     want = manifest["bundle"].get("python_version")
     have = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -110,7 +110,6 @@ class ServiceAccount:
     uid: int
     gid: int
     groups: tuple[int, ...]
-    home: str
 
     @classmethod
     def ensure(cls, name: str) -> ServiceAccount:
@@ -128,7 +127,7 @@ class ServiceAccount:
             info = device.stat()
             if not info.st_mode & 0o006 and info.st_gid != 0:
                 groups.add(info.st_gid)
-        return cls(name, entry.pw_uid, entry.pw_gid, tuple(sorted(groups)), entry.pw_dir)
+        return cls(name, entry.pw_uid, entry.pw_gid, tuple(sorted(groups)))
 
     def can_reach(self, paths: list[Path]) -> list[str]:
         """The paths this account cannot read (a directory: list), each with the reason."""
@@ -279,8 +278,7 @@ def launch_server(dev: Device, name: str, plan: Plan, user: str | None = None) -
 
 def cmd_launch(args: argparse.Namespace, dev: Device) -> int:
     """Start the plan's argv (the manifest's, or ``--plan FILE``'s) in its own session."""
-    plan_file = getattr(args, "plan", None)
-    plan = Plan.from_file(plan_file) if plan_file else dev.plan()
+    plan = dev.plan(getattr(args, "plan", None))
     launch_server(dev, args.name, plan, getattr(args, "user", None))
     return 0
 

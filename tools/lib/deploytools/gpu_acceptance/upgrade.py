@@ -107,7 +107,7 @@ def switch(dev: Device, name: str, plan: Plan, timeout: float) -> dict[str, Any]
 def cmd_upgrade(args: argparse.Namespace, dev: Device) -> int:
     """Baseline, switch to the candidate, gate, keep or roll back (module docstring)."""
     candidate_dev = Device(args.candidate_state)
-    candidate_plan = Plan.from_file(args.candidate_plan) if args.candidate_plan else candidate_dev.plan()
+    candidate_plan = candidate_dev.plan(args.candidate_plan)
     running_plan = Plan.from_dict({"argv": dev.server(RUNNING)["argv"], "env": dev.plan().env})
     if running_plan.argv[0] == candidate_plan.argv[0] and not args.candidate_plan:
         raise AcceptanceError("the candidate runs from the running server's venv: nothing to upgrade")

@@ -38,22 +38,47 @@ def host(tmp_path: Path) -> dict:
     (tmp_path / "current").symlink_to(tmp_path / "model")
     params = {
         "path": str(tmp_path / "deploy/converged.json"),
-        "fingerprint": {"variables of role a": "1", "files of role a": "2"},
-        "files": [str(tmp_path / p) for p in ("etc/unit.service", "etc/secrets.env", "etc", "current", "absent.yaml")],
-        "trees": [str(tmp_path / "model")],
-        "venvs": [str(tmp_path / "venv")],
-        "users": ["root"],
-        "groups": ["root"],
-        "unit": "",
-        "facts": {"model_sync_revision": "abc"},
+        "fingerprint": {
+            "variables of role ml": "1",
+            "files of role model": "2",
+            "variables of role server": "3",
+            "host facts": "4",
+        },
+        "part_roles": {
+            "variables of role ml": "ml",
+            "files of role model": "model",
+            "variables of role server": "server",
+        },
+        # Three roles as deploy.yml has them: a venv, a model, and a server that runs after both.
+        "roles": {
+            "ml": {"venvs": [str(tmp_path / "venv")], "facts": ["ml_fact"]},
+            "model": {
+                "trees": [str(tmp_path / "model")],
+                "files": [str(tmp_path / "current")],
+                "facts": ["model_sync_revision"],
+            },
+            "server": {
+                "files": [str(tmp_path / p) for p in ("etc/unit.service", "etc/secrets.env", "etc", "absent.yaml")],
+                "users": ["root"],
+                "groups": ["root"],
+                "unit": "",
+                "needs": ["ml", "model"],
+            },
+        },
+        "facts": {"model_sync_revision": "abc", "ml_fact": "v"},
     }
     return {"root": tmp_path, "params": params, "site": site}
 
 
+def compare(params: dict) -> tuple[list[str], list[str], list[str]]:
+    """(skipped, running, reasons) for the record at params['path'] and the host now."""
+    record, missing = cs.read_record(params["path"])
+    return ([], list(params["roles"]), [missing]) if missing else cs.compare(record, params)
+
+
 def check(params: dict) -> list[str]:
     """The differences between the record at params['path'] and the host now."""
-    record, missing = cs.read_record(params["path"])
-    return [missing] if missing else cs.differences(record, params)
+    return compare(params)[2]
 
 
 def recorded(params: dict) -> dict:
@@ -71,26 +96,34 @@ def test_an_unchanged_host_is_converged_and_the_record_is_private(host):
 
 
 @pytest.mark.parametrize(
-    "drift, reason",
+    "owner, drift, reason",
     [
         (
+            "server",
             lambda r: (r / "etc/unit.service").write_text("[Service]\nExecStart=/bin/false\n"),
             "etc/unit.service was edited (its sha256 changed).",
         ),
-        (lambda r: os.chmod(r / "etc/secrets.env", 0o640), "etc/secrets.env changed mode or owner."),
-        (lambda r: (r / "etc/unit.service").unlink(), "etc/unit.service is gone."),
-        (lambda r: (r / "absent.yaml").write_text("x"), "absent.yaml exists, but the converged deploy had removed it."),
-        (lambda r: ((r / "current").unlink(), (r / "current").symlink_to(r / "etc")), "current points at"),
+        ("server", lambda r: os.chmod(r / "etc/secrets.env", 0o640), "etc/secrets.env changed mode or owner."),
+        ("server", lambda r: (r / "etc/unit.service").unlink(), "etc/unit.service is gone."),
         (
+            "server",
+            lambda r: (r / "absent.yaml").write_text("x"),
+            "absent.yaml exists, but the converged deploy had removed it.",
+        ),
+        ("model", lambda r: ((r / "current").unlink(), (r / "current").symlink_to(r / "etc")), "current points at"),
+        (
+            "model",
             lambda r: os.utime(r / "model/w.safetensors", ns=(1, 1)),
             "model: w.safetensors changed (size, mtime, mode or owner).",
         ),
-        (lambda r: (r / "model/extra.bin").write_text("x"), "model: extra.bin changed"),
+        ("model", lambda r: (r / "model/extra.bin").write_text("x"), "model: extra.bin changed"),
         (
+            "ml",
             lambda r: (r / "venv/lib/python3.11/site-packages/mdurl-0.1.2.dist-info").rmdir(),
             "changed: removed ['mdurl-0.1.2.dist-info'], added nothing.",
         ),
         (
+            "ml",
             lambda r: (r / "venv/lib/python3.11/site-packages/torch-2.9.0.dist-info").rename(
                 r / "venv/lib/python3.11/site-packages/torch-2.9.1.dist-info"
             ),
@@ -98,21 +131,44 @@ def test_an_unchanged_host_is_converged_and_the_record_is_private(host):
         ),
     ],
 )
-def test_each_kind_of_drift_is_named(host, drift, reason):
+def test_each_kind_of_drift_is_named_and_runs_its_role_and_those_after_it(host, owner, drift, reason):
     params = recorded(host["params"])
     drift(host["root"])
-    reasons = check(params)
-    assert len(reasons) == 1 and reason in reasons[0], reasons
+    skipped, running, reasons = compare(params)
+    assert reason in reasons[0], reasons
+    # The role that manages the drifted path runs, and the server too, which runs after the other two.
+    assert running == sorted({owner, "server"}, key=list(params["roles"]).index)
+    assert skipped == [role for role in params["roles"] if role not in running]
+    assert reasons[1:] == ([] if owner == "server" else [f"server runs after {owner}."])
 
 
-def test_changed_inputs_name_their_part_and_a_missing_record_says_so(host):
+def test_changed_inputs_name_their_part_and_run_their_role_a_missing_record_runs_all(host):
     params = recorded(host["params"])
-    assert check({**params, "fingerprint": {"variables of role a": "9", "files of role a": "2"}}) == [
-        "The deploy's inputs changed: variables of role a."
-    ]
-    assert check({**params, "fingerprint": {"variables of role a": "1"}}) == [
-        "The deploy's inputs changed: files of role a."
-    ]
+    fp = params["fingerprint"]
+    # The server's own input: only the server runs.
+    assert compare({**params, "fingerprint": {**fp, "variables of role server": "9"}}) == (
+        ["ml", "model"],
+        ["server"],
+        ["The deploy's inputs changed: variables of role server."],
+    )
+    # The venv's input: the venv and the server, which runs after it.
+    assert compare({**params, "fingerprint": {**fp, "variables of role ml": "9"}}) == (
+        ["model"],
+        ["ml", "server"],
+        ["The deploy's inputs changed: variables of role ml.", "server runs after ml."],
+    )
+    # A part that no role owns (here the host's facts; a part that went away too) is shared: all run.
+    for changed in ({**fp, "host facts": "9"}, {k: v for k, v in fp.items() if k != "host facts"}):
+        assert compare({**params, "fingerprint": changed}) == (
+            [],
+            ["ml", "model", "server"],
+            ["The deploy's inputs changed: host facts."],
+        )
+    # A role the record does not know runs (and what runs after it).
+    assert compare({**params, "roles": {"gpu": {}, **params["roles"], "server": {"needs": ["gpu"]}}})[:2] == (
+        ["ml", "model"],
+        ["gpu", "server"],
+    )
     os.unlink(params["path"])
     assert check(params) == [f"No converged deploy is on record ({params['path']} does not exist)."]
     Path(params["path"]).write_text("{not json")
@@ -171,13 +227,19 @@ def test_the_module_removes_a_stale_record_but_not_in_check_mode(host):
     params = host["params"]
     result = run_module({**params, "state": "recorded"})
     assert result["changed"] is False and result["paths"]["tree_files"] == 2
-    assert run_module({**params, "state": "checked"})["facts"] == {"model_sync_revision": "abc"}
+    same = run_module({**params, "state": "checked"})
+    assert same["converged"] is True and same["skip_roles"] == ["ml", "model", "server"] and same["run_roles"] == []
+    assert same["facts"] == {"model_sync_revision": "abc", "ml_fact": "v"}
     (host["root"] / "etc/unit.service").write_text("edited")
     dry = run_module({**params, "state": "checked"}, check_mode=True)
     assert dry["converged"] is False and dry["removed"] is False and Path(params["path"]).exists()
     real = run_module({**params, "state": "checked"})
-    assert real["converged"] is False and real["removed"] is True and real["facts"] == {}
+    assert real["converged"] is False and real["removed"] is True
+    # Only the skipped roles' facts come back: the server runs and exports its own.
+    assert real["skip_roles"] == ["ml", "model"] and real["facts"] == {"model_sync_revision": "abc", "ml_fact": "v"}
     assert not Path(params["path"]).exists()
+    missing = run_module({**params, "state": "checked"})
+    assert missing["run_roles"] == ["ml", "model", "server"] and missing["facts"] == {}
     assert run_module({**params, "state": "absent"})["removed"] is False
 
 
@@ -186,6 +248,12 @@ def test_the_module_removes_a_stale_record_but_not_in_check_mode(host):
 
 def fingerprint(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]:
     """Run the converged_fingerprint action on a role of tmp_path; returns its parts and the output."""
+    result, output = fingerprint_result(tmp_path, variables, *args)
+    return result["fingerprint"], output
+
+
+def fingerprint_result(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]:
+    """Run the converged_fingerprint action on a role of tmp_path; returns its result and the output."""
     role = tmp_path / "roles/r"
     if not role.exists():
         (role / "meta").mkdir(parents=True)
@@ -215,7 +283,7 @@ def fingerprint(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]
             "roles_dir": str(tmp_path / "roles"), "roles": ["r"], "ignore_vars": ["r_keep"],
             "paths": [str(tmp_path / "big.bin"), str(tmp_path / "no-such-path")], "facts": {"gpus": []}},
          "register": "fp"},
-        {"name": "Show", "ansible.builtin.debug": {"var": "fp.fingerprint"}}]}]
+        {"name": "Show", "ansible.builtin.debug": {"var": "fp"}}]}]
     # fmt: on
     # fmt: off
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
@@ -230,7 +298,7 @@ def fingerprint(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # fmt: on
     tasks = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"]
-    return tasks[-1]["hosts"]["localhost"]["fp.fingerprint"], proc.stdout + proc.stderr
+    return tasks[-1]["hosts"]["localhost"]["fp"], proc.stdout + proc.stderr
 
 
 BASE = {"r_port": 8000, "r_token": SECRET, "r_derived": "{{ r_port + 1 }}", "r_keep": ["/a"]}
@@ -242,8 +310,11 @@ def changed_parts(before: dict, after: dict) -> list[str]:
 
 
 def test_the_fingerprint_follows_documented_variables_role_files_and_controller_paths(tmp_path):
-    first, out = fingerprint(tmp_path, BASE, "-vvvv")
+    result, out = fingerprint_result(tmp_path, BASE, "-vvvv")
+    first = result["fingerprint"]
     assert SECRET not in out, "a secret value was printed"
+    # The role's own parts are its; the controller paths and the host's facts are shared.
+    assert result["part_roles"] == {"files of role r": "r", "variables of role r": "r"}
     assert sorted(first) == [
         "controller path " + str(tmp_path / "big.bin"),
         "controller path " + str(tmp_path / "no-such-path"),

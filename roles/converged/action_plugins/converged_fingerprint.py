@@ -72,7 +72,8 @@ class ActionModule(ActionBase):
     _requires_connection = False
 
     def run(self, tmp: str | None = None, task_vars: dict | None = None) -> dict:
-        """Return ``fingerprint``: part name -> sha256 (no value, secret or not, leaves this plugin)."""
+        """Return ``fingerprint`` (part name -> sha256; no value, secret or not, leaves this plugin)
+        and ``part_roles`` (part name -> the role it belongs to; the other parts are shared)."""
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = self._task.args
@@ -81,7 +82,7 @@ class ActionModule(ActionBase):
             raise AnsibleActionFail(f"roles_dir {roles_dir!r} is not a directory on the controller.")
         ignore = set(args.get("ignore_vars") or [])
         templar = self._templar.copy_with_new_env(available_variables=task_vars)
-        fingerprint = {}
+        fingerprint, part_roles = {}, {}
         for role in args.get("roles") or []:
             values = {}
             for name in role_variables(roles_dir, role):
@@ -94,11 +95,15 @@ class ActionModule(ActionBase):
                     values[name] = templar.template(task_vars[name])
                 except Exception as exc:  # noqa: BLE001 - an input that cannot be resolved yet is an input too
                     values[name] = f"(cannot be resolved yet: {type(exc).__name__})"
-            fingerprint[f"variables of role {role}"] = digest(values)
-            fingerprint[f"files of role {role}"] = digest(path_identity(os.path.join(roles_dir, role)))
+            for part, value in (
+                (f"variables of role {role}", digest(values)),
+                (f"files of role {role}", digest(path_identity(os.path.join(roles_dir, role)))),
+            ):
+                fingerprint[part] = value
+                part_roles[part] = role
         for path in args.get("paths") or []:
             if path:
                 fingerprint[f"controller path {path}"] = digest(path_identity(path))
         fingerprint["host facts"] = digest(args.get("facts") or {})
-        result.update(changed=False, fingerprint=fingerprint)
+        result.update(changed=False, fingerprint=fingerprint, part_roles=part_roles)
         return result

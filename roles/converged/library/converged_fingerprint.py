@@ -61,4 +61,10 @@ fingerprint:
   description: Part name -> sha256 hex digest.
   returned: always
   type: dict
+part_roles:
+  description:
+    - Part name -> the role of C(roles) it belongs to (its variables and its files); the other
+      parts (controller paths, host facts) are shared by every role.
+  returned: always
+  type: dict
 """

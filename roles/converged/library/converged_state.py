@@ -7,19 +7,22 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: converged_state
-short_description: Record what a converged deploy left on the host, and tell whether it is still so
+short_description: Record what a converged deploy left on the host, and tell which roles it can skip
 description:
-  - The fast path of a no-op deploy. At the end of a deploy whose roles all ran,
+  - The fast path of a deploy, role by role. At the end of a deploy whose roles ran,
     C(state=recorded) writes a JSON record (root, 0600) of the deploy's input fingerprint
-    and of everything the roles manage on the host, as it is now (the sha256, mode and owner
-    of each file, the target of each link, the size, mtime, mode and owner of each file of a
-    model tree, the distributions installed in each venv, the service accounts).
+    and, for each role, of everything it manages on the host as it is now (the sha256, mode
+    and owner of each file, the target of each link, the size, mtime, mode and owner of each
+    file of a model tree, the distributions installed in each venv, the service accounts),
+    the facts it exported and the roles it runs after.
   - C(state=checked) compares a new fingerprint and the host as it is now with the record,
-    in one call and without reading any model weights. It answers C(converged=true) only
-    when every input and every managed path is as recorded and the unit is active and
-    enabled at boot with no pending daemon-reload; otherwise it lists the C(reasons) and
-    removes the stale record (not in check mode), so that a deploy that then changes the
-    host and fails cannot leave a record behind that no longer describes it.
+    in one call and without reading any model weights. A role is skipped when its own inputs
+    (the parts that C(part_roles) gives to it) and every path it manages are as recorded
+    (and its unit, if any, is active and enabled at boot with no pending daemon-reload), and
+    no role it C(needs) runs. An input part that belongs to no role of C(roles) is shared: a
+    change there runs every role. C(converged=true) when every role is skipped. When any role
+    runs, it lists the C(reasons) and removes the record (not in check mode), so that a deploy
+    that then changes the host and fails cannot leave a record behind that no longer describes it.
   - C(state=absent) removes the record (a rollback, a failed deploy).
   - Always returns C(changed=false); the record is bookkeeping, not configuration, so a no-op
     deploy stays at changed=0.
@@ -44,39 +47,28 @@ options:
         the C(converged) role). Every part must equal the recorded one.
     type: dict
     default: {}
-  files:
-    description: Paths whose state (sha256, mode, owner; or link target, directory, absence) is recorded.
-    type: list
-    elements: path
-    default: []
-  trees:
-    description: Directories whose regular files are recorded by size, mtime, mode and owner (not read).
-    type: list
-    elements: path
-    default: []
-  venvs:
-    description: Virtual environments whose installed distributions (the C(*.dist-info) names) are recorded.
-    type: list
-    elements: path
-    default: []
-  users:
-    description: Accounts whose uid, primary gid, home and shell are recorded.
-    type: list
-    elements: str
-    default: []
-  groups:
-    description: Groups whose gid is recorded.
-    type: list
-    elements: str
-    default: []
-  unit:
+  part_roles:
     description:
-      - A systemd unit (without C(.service)) that must be active, enabled and need no daemon-reload
-        for the host to count as converged; empty for none.
-    type: str
-    default: ""
+      - The role each input part belongs to (C(part -> role)). A part not named here, or named
+        for a role that is not in C(roles), is shared by every role.
+    type: dict
+    default: {}
+  roles:
+    description:
+      - "What each role leaves on the host, in the order the roles run: C(role -> {files, trees,
+        venvs, users, groups, unit, facts, needs}). C(files): paths whose state (sha256, mode,
+        owner; or link target, directory, absence) is recorded. C(trees): directories whose
+        regular files are recorded by size, mtime, mode and owner (not read). C(venvs): virtual
+        environments whose installed distributions (the C(*.dist-info) names) are recorded.
+        C(users): accounts (uid, primary gid, home, shell). C(groups): groups (gid). C(unit): a
+        systemd unit (without C(.service)) that must be active, enabled and need no daemon-reload;
+        empty for none. C(facts): the names of the facts the role exports (their values come from
+        C(facts)). C(needs): roles whose running makes this role run too."
+      - Keys other than these are ignored, so a role's whole C(<role>_converged) mapping can be passed.
+    type: dict
+    default: {}
   facts:
-    description: Facts the skipped roles would have exported, kept in the record and returned by a converged check.
+    description: The values of the facts the roles export (state=recorded), kept in the record by role.
     type: dict
     default: {}
 notes:
@@ -84,38 +76,52 @@ notes:
 """
 
 EXAMPLES = r"""
-- name: Tell whether the host is still as the last converged deploy left it
+- name: Tell which roles the host is still as the last converged deploy left it for
   converged_state:
     path: /var/lib/inference-server-deploy/converged.json
-    fingerprint: {vars: 9f2c..., role_files: 41ab...}
-    unit: inference-server
+    fingerprint: {"variables of role ml_env": 9f2c..., "files of role ml_env": 41ab..., "host facts": 07dd...}
+    part_roles: {"variables of role ml_env": ml_env, "files of role ml_env": ml_env}
+    roles:
+      ml_env: {venvs: [/opt/ml-env.d/transformers-cpu-0a1b2c3d4e5f]}
+      inference_server: {unit: inference-server, needs: [ml_env]}
   register: __converged
 
 - name: Record what the deploy left on the host
   converged_state:
     path: /var/lib/inference-server-deploy/converged.json
     state: recorded
-    fingerprint: "{{ converged_fingerprint }}"
-    files: [/etc/systemd/system/inference-server.service, /opt/ml-env]
-    trees: [/srv/models/tiny/revisions/abc123]
-    venvs: [/opt/ml-env.d/transformers-cpu-0a1b2c3d4e5f]
-    users: [inference]
-    unit: inference-server
-    facts: {model_sync_revision: abc123}
+    fingerprint: "{{ __fingerprint.fingerprint }}"
+    part_roles: "{{ __fingerprint.part_roles }}"
+    roles:
+      ml_env: {files: [/opt/ml-env], venvs: [/opt/ml-env.d/transformers-cpu-0a1b2c3d4e5f], facts: [ml_env_versions]}
+      model_sync: {trees: [/srv/models/tiny/revisions/abc123], facts: [model_sync_revision]}
+      inference_server: {files: [/etc/systemd/system/inference-server.service], users: [inference],
+                         unit: inference-server, needs: [ml_env, model_sync]}
+    facts: {ml_env_versions: {torch: 2.9.0}, model_sync_revision: abc123}
 """
 
 RETURN = r"""
 converged:
-  description: Whether inputs, managed paths and the unit are all as recorded (state=checked).
+  description: Whether every role is skipped (state=checked).
   returned: state=checked
   type: bool
+skip_roles:
+  description: The roles whose inputs and managed paths are as recorded, in the order of C(roles).
+  returned: state=checked
+  type: list
+  elements: str
+run_roles:
+  description: The roles that must run, in the order of C(roles).
+  returned: state=checked
+  type: list
+  elements: str
 reasons:
   description: What differs, one sentence each (at most 10); empty when converged.
   returned: state=checked
   type: list
   elements: str
 facts:
-  description: The facts kept in the record, when converged.
+  description: The facts the skipped roles exported when the record was written.
   returned: state=checked
   type: dict
 removed:
@@ -139,7 +145,9 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
+# What a role's entry of the ``roles`` option names on the host.
+PATH_KINDS = ("files", "trees", "venvs", "users", "groups")
 MAX_REASONS = 10
 
 
@@ -235,18 +243,25 @@ def unit_problem(unit: str) -> str | None:
     return None
 
 
+def take_role(entry: dict, facts: dict) -> dict:
+    """The record of one role: the state of what it manages now, its facts and what it needs."""
+    return {
+        "files": {p: path_state(p) for p in entry.get("files") or []},
+        "trees": {t: tree_state(t) for t in entry.get("trees") or []},
+        "venvs": {v: venv_state(v) for v in entry.get("venvs") or []},
+        "users": {u: user_state(u) for u in entry.get("users") or []},
+        "groups": {g: group_state(g) for g in entry.get("groups") or []},
+        "unit": entry.get("unit") or "",
+        "facts": {name: facts.get(name) for name in entry.get("facts") or []},
+    }
+
+
 def take_record(params: dict) -> dict:
-    """The record of the host as it is now, for the given paths and inputs."""
+    """The record of the host as it is now, for the given roles and inputs."""
     return {
         "version": RECORD_VERSION,
         "fingerprint": params["fingerprint"],
-        "files": {p: path_state(p) for p in params["files"]},
-        "trees": {t: tree_state(t) for t in params["trees"]},
-        "venvs": {v: venv_state(v) for v in params["venvs"]},
-        "users": {u: user_state(u) for u in params["users"]},
-        "groups": {g: group_state(g) for g in params["groups"]},
-        "unit": params["unit"],
-        "facts": params["facts"],
+        "roles": {role: take_role(entry or {}, params["facts"]) for role, entry in params["roles"].items()},
     }
 
 
@@ -263,20 +278,14 @@ def describe_file_change(path: str, was: dict, now: dict) -> str:
     return f"{path} changed mode or owner."
 
 
-def differences(record: dict, params: dict) -> list[str]:
-    """Every way the inputs and the host differ from the record (at most MAX_REASONS)."""
+def host_differences(entry: dict) -> list[str]:
+    """Every way the paths, accounts and unit of one role's record differ from the host now."""
     reasons: list[str] = []
-    if record.get("version") != RECORD_VERSION:
-        return ["The record was written by another version of this check."]
-    was_fp, now_fp = record.get("fingerprint", {}), params["fingerprint"]
-    for part in sorted(set(was_fp) | set(now_fp)):
-        if was_fp.get(part) != now_fp.get(part):
-            reasons.append(f"The deploy's inputs changed: {part}.")
-    for path, was in record.get("files", {}).items():
+    for path, was in entry.get("files", {}).items():
         now = path_state(path)
         if now != was:
             reasons.append(describe_file_change(path, was, now))
-    for root, was in record.get("trees", {}).items():
+    for root, was in entry.get("trees", {}).items():
         now = tree_state(root)
         if now != was:
             changed = sorted(set(was) ^ set(now) | {f for f in set(was) & set(now) if was[f] != now[f]})
@@ -284,22 +293,57 @@ def differences(record: dict, params: dict) -> list[str]:
                 f"{root}: {', '.join(changed[:3])}{' and more' if len(changed) > 3 else ''} changed "
                 "(size, mtime, mode or owner)."
             )
-    for venv, was in record.get("venvs", {}).items():
+    for venv, was in entry.get("venvs", {}).items():
         now = venv_state(venv)
         if now != was:
             gone, new = sorted(set(was) - set(now)), sorted(set(now) - set(was))
             reasons.append(f"The venv {venv} changed: removed {gone or 'nothing'}, added {new or 'nothing'}.")
-    for user, was in record.get("users", {}).items():
+    for user, was in entry.get("users", {}).items():
         if user_state(user) != was:
             reasons.append(f"The account {user} changed.")
-    for group, was in record.get("groups", {}).items():
+    for group, was in entry.get("groups", {}).items():
         if group_state(group) != was:
             reasons.append(f"The group {group} changed.")
-    if record.get("unit"):
-        problem = unit_problem(record["unit"])
+    if entry.get("unit"):
+        problem = unit_problem(entry["unit"])
         if problem:
             reasons.append(problem)
-    return reasons[:MAX_REASONS]
+    return reasons
+
+
+def compare(record: dict, params: dict) -> tuple[list[str], list[str], list[str]]:
+    """Which roles can be skipped and which must run, and why: (skipped, running, reasons)."""
+    roles = list(params["roles"])
+    if record.get("version") != RECORD_VERSION:
+        return [], roles, ["The record was written by another version of this check."]
+    shared: list[str] = []
+    own: dict[str, list[str]] = {role: [] for role in roles}
+    was_fp, now_fp = record.get("fingerprint", {}), params["fingerprint"]
+    for part in sorted(set(was_fp) | set(now_fp)):
+        if was_fp.get(part) != now_fp.get(part):
+            owner = params["part_roles"].get(part)
+            (own[owner] if owner in own else shared).append(f"The deploy's inputs changed: {part}.")
+    recorded_roles = record.get("roles", {})
+    for role in roles:
+        if role not in recorded_roles:
+            own[role].append(f"The record holds nothing of role {role}.")
+        elif not shared:
+            own[role].extend(host_differences(recorded_roles[role]))
+    if shared:
+        return [], roles, shared[:MAX_REASONS]
+    running = {role for role in roles if own[role]}
+    needed: list[str] = []
+    grew = True
+    while grew:
+        grew = False
+        for role in roles:
+            after = [need for need in (params["roles"][role] or {}).get("needs") or [] if need in running]
+            if role not in running and after:
+                running.add(role)
+                needed.append(f"{role} runs after {' and '.join(after)}.")
+                grew = True
+    reasons = [reason for role in roles for reason in own[role]] + needed
+    return [r for r in roles if r not in running], [r for r in roles if r in running], reasons[:MAX_REASONS]
 
 
 def write_record(path: str, record: dict) -> None:
@@ -344,12 +388,8 @@ def main() -> None:
             "path": {"type": "path", "required": True},
             "state": {"type": "str", "choices": ["checked", "recorded", "absent"], "default": "checked"},
             "fingerprint": {"type": "dict", "default": {}},
-            "files": {"type": "list", "elements": "path", "default": []},
-            "trees": {"type": "list", "elements": "path", "default": []},
-            "venvs": {"type": "list", "elements": "path", "default": []},
-            "users": {"type": "list", "elements": "str", "default": []},
-            "groups": {"type": "list", "elements": "str", "default": []},
-            "unit": {"type": "str", "default": ""},
+            "part_roles": {"type": "dict", "default": {}},
+            "roles": {"type": "dict", "default": {}},
             "facts": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
@@ -362,19 +402,28 @@ def main() -> None:
         record = take_record(params)
         if not module.check_mode:
             write_record(path, record)
-        counts = {kind: len(record[kind]) for kind in ("files", "trees", "venvs", "users", "groups")}
-        counts["tree_files"] = sum(len(files) for files in record["trees"].values())
+        entries = record["roles"].values()
+        counts = {kind: sum(len(entry[kind]) for entry in entries) for kind in PATH_KINDS}
+        counts["tree_files"] = sum(len(files) for entry in entries for files in entry["trees"].values())
         module.exit_json(changed=False, paths=counts)
     record, missing = read_record(path)
-    reasons = [missing] if missing else differences(record, params)
+    if missing:
+        skipped, running, reasons = [], list(params["roles"]), [missing]
+    else:
+        skipped, running, reasons = compare(record, params)
     removed = False
-    if reasons and record is not None and not module.check_mode:
+    if running and record is not None and not module.check_mode:
         removed = remove_record(path)
+    facts = {}
+    for role in skipped:
+        facts.update(record["roles"][role].get("facts", {}))
     module.exit_json(
         changed=False,
-        converged=not reasons,
+        converged=not running,
+        skip_roles=skipped,
+        run_roles=running,
         reasons=reasons,
-        facts=record.get("facts", {}) if record and not reasons else {},
+        facts=facts,
         removed=removed,
     )
 

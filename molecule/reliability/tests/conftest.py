@@ -53,8 +53,15 @@ FAST_GATE = {
 # Known fake secrets: set 0 is vaulted in the inventory from the start (the first changing
 # deploy renders it); set 1 is rotated in by the deploy that crashes, and rolled back. Every
 # output and file is searched for both.
+# The name of the sample secret in inference_server_secrets.
+ENGINE_SECRET = "ENGINE_LICENSE_KEY"
 SECRETS = [
-    {"hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4", "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e"} for i in range(2)
+    {
+        "hf_token": f"hf_RelFakeToken{i}x7Qz9wLk2Pq4",
+        "api_key": f"sk-rel-fake-key-{i}-9f3b7c1d5e",
+        "engine_secret": f"rel-fake-engine-secret-{i}-4c8e2a6b",
+    }
+    for i in range(2)
 ]
 ROWS: list[dict[str, Any]] = []
 STARTED = time.time()
@@ -325,7 +332,7 @@ class Deployer:
         return handle
 
     def set_secrets(self, values: dict[str, str]) -> None:
-        """Vault ``values`` (hf_token, api_key) into host_vars/rel-molecule of this session's inventory."""
+        """Vault ``values`` (hf_token, api_key, engine_secret) into this session's host_vars/rel-molecule."""
         host_vars = self.inventory.parent / "host_vars" / "rel-molecule"
         host_vars.mkdir(parents=True, exist_ok=True)
         (host_vars / "settings.yml").write_text(
@@ -342,7 +349,8 @@ class Deployer:
                 {
                     "model_sync_hf_token": values["hf_token"],
                     "inference_server_api_key": values["api_key"],
-                    "inference_server_secrets": {"HF_TOKEN": values["hf_token"]},
+                    # A secret the engine reads from its environment (the Hub token is model_sync's alone).
+                    "inference_server_secrets": {ENGINE_SECRET: values["engine_secret"]},
                 }
             )
         )

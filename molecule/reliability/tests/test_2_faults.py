@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 from conftest import (
+    ENGINE_SECRET,
     FAST_GATE,
     PORT,
     REPO,
@@ -194,7 +195,7 @@ def test_engine_crashes_during_the_gate(deployer: Deployer) -> None:
     assert pid not in (0, crashed["pid"]) and "RELIABILITY_MARK=a" in environ_of(pid), "not back on last-known-good"
     assert "RELIABILITY_MARK=b" not in sh(f"cat /etc/systemd/system/{UNIT}.service")
     assert SECRETS[0]["api_key"] in key_file and SECRETS[1]["api_key"] not in key_file, "the key was not rolled back"
-    assert f"HF_TOKEN={SECRETS[0]['hf_token']}" in environ_of(pid)
+    assert f"{ENGINE_SECRET}={SECRETS[0]['engine_secret']}" in environ_of(pid)
     assert healthy() and not lock_held()
 
 

@@ -1,4 +1,4 @@
-"""Secrets: known fake values of the HF token and the API key, vaulted in the inventory
+"""Secrets: known fake values of the HF token, an engine secret and the API key, vaulted in the inventory
 (conftest.SECRETS), went through every deploy of the scenario: rendered first by the run the
 faults test kills (at -vvvv --diff), rotated by the deploy whose engine crashes and rolled
 back with it, gated with, and carried by the nightly run that found the hung engine. Here
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import SECRETS, UNIT, Deployer, dexec, healthy, record, sh, unit_props
+from conftest import ENGINE_SECRET, SECRETS, UNIT, Deployer, dexec, healthy, record, sh, unit_props
 
 
 def values(sets: list[dict[str, str]] = SECRETS) -> list[str]:
@@ -53,10 +53,10 @@ def test_the_secrets_reach_only_where_they_belong(deployer: Deployer, nightly_di
     )
     environ = dexec("cat", f"/proc/{pid}/environ")
     report = json.loads(sh(f"cat /var/lib/{UNIT}-deploy/gate/latest.json"))
-    assert secrets_env.startswith("600 root:root") and SECRETS[0]["hf_token"] in secrets_env
+    assert secrets_env.startswith("600 root:root") and SECRETS[0]["engine_secret"] in secrets_env
     assert api_key_file.startswith("640 root:inference") and SECRETS[0]["api_key"] in api_key_file
-    assert lkg.startswith("700 root:root") and SECRETS[0]["api_key"] in lkg and SECRETS[0]["hf_token"] in lkg
-    assert f"HF_TOKEN={SECRETS[0]['hf_token']}" in environ
+    assert lkg.startswith("700 root:root") and SECRETS[0]["api_key"] in lkg and SECRETS[0]["engine_secret"] in lkg
+    assert f"{ENGINE_SECRET}={SECRETS[0]['engine_secret']}" in environ
     assert report["settings"]["api_key_set"] is True and report["passed"] is True
     assert healthy()
 
@@ -112,7 +112,7 @@ def test_the_secrets_reach_only_where_they_belong(deployer: Deployer, nightly_di
         record("secrets", where=where, searched=size, found=found)
     # fmt: off
     record("secrets_on_purpose", where=f"/etc/{UNIT}/secrets.env", mode=secrets_env.split("\n")[0],
-           holds="inference_server_secrets (HF_TOKEN); read by systemd as root (EnvironmentFile)")
+           holds=f"inference_server_secrets ({ENGINE_SECRET}); read by systemd as root (EnvironmentFile)")
     record("secrets_on_purpose", where=f"/etc/{UNIT}/api-key.yaml", mode=api_key_file.split("\n")[0],
            holds="inference_server_api_key; read by the engine (SGLang --config) as the service's group")
     # fmt: on
@@ -124,7 +124,7 @@ def test_the_secrets_reach_only_where_they_belong(deployer: Deployer, nightly_di
     )
     # fmt: off
     record("secrets_on_purpose", where="/proc/<engine pid>/environ", mode="owner inference",
-           holds="HF_TOKEN, as every EnvironmentFile variable (readable by the service user and root only)")
+           holds=f"{ENGINE_SECRET}, as every EnvironmentFile variable (readable by the service user and root only)")
 
     assert [c for c in controller if c[1]] == [], "a play output holds a secret"
     # fmt: on

@@ -1,8 +1,8 @@
 """Security refusals of issue 26, each a real deploy.yml run against the serving container, recorded
 in the bad-input table: a control character from a model's config.json, a service account that
-cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment,
-a tampered wheel in the wheelhouse (the modes of
-the deploy's own state are in test_4_files.py).
+cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment
+or in its secrets, a tampered wheel in the wheelhouse (the modes of the deploy's own state are in
+test_4_files.py).
 
 Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
 ``refuse``: same MainPID and start time, unit, secrets, venv and model links, the lock given back).
@@ -58,6 +58,12 @@ def cases(work: Path) -> list[Case]:
              r"and only model_sync downloads: put the token in model_sync_hf_token \(in Ansible Vault\) and remove "
              r"it from inference_server_environment\.",
              extra={"inference_server_environment": {"HF_TOKEN": "hf_RelMadeUpNotASecret"}}),
+        Case("hub-token-in-secrets", "a Hugging Face token in the engine's secrets",
+             "`inference_server_secrets: {HF_TOKEN: hf_...}` (a made-up value)",
+             r"inference_server_secrets sets HF_TOKEN, a Hugging Face token, which would sit in the engine's "
+             r"environment although the engine runs offline \(HF_HUB_OFFLINE=1\) and only model_sync downloads: put "
+             r"the token in model_sync_hf_token \(in Ansible Vault\) and remove it from inference_server_secrets\.",
+             extra={"inference_server_secrets": {"HF_TOKEN": "hf_RelMadeUpNotASecret"}}),
         Case("tampered-wheel", "a tampered wheel in the wheelhouse",
              f"a copy of the wheelhouse whose `{TAMPERED}` has 16 bytes appended, and a copy of the lock with one "
              "more comment line (a new venv directory, so ml_env installs): `-e ml_env_wheelhouse=... "

@@ -214,8 +214,8 @@ host serves again (its gate passed), unless the row says otherwise.
 SECRETS = """\
 ## Secrets and access
 
-Known fake values of the HF token (`model_sync_hf_token`, `inference_server_secrets.HF_TOKEN`)
-and the API key (`inference_server_api_key`), vaulted in the inventory's host_vars as an
+Known fake values of the HF token (`model_sync_hf_token`), an engine secret
+(`inference_server_secrets.ENGINE_LICENSE_KEY`) and the API key (`inference_server_api_key`), vaulted in the inventory's host_vars as an
 operator keeps them, went through every deploy of the scenario: first rendered by the run
 that was killed (at `-vvvv --diff`), rotated to a second set by the deploy whose engine
 crashed and rolled back with it, carried by the `tools/nightly-deploy` run that found the

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
+
+# The colour codes Ansible puts around each line of its output when molecule asks for colour.
+ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def ephemeral(name: str) -> Path:
@@ -24,6 +28,7 @@ def recorded(name: str) -> Any:
 
 
 def failed_output(run: dict[str, Any]) -> str:
-    """The output of a recorded step that must have failed, its whitespace folded to single spaces."""
+    """The output of a recorded step that must have failed, without colour codes, its whitespace
+    folded to single spaces (a message that the callback wrapped over lines reads as one)."""
     assert run["rc"] != 0, f"the step was expected to fail, but exited {run['rc']}"
-    return " ".join(run["output"].split())
+    return " ".join(ANSI_COLOUR.sub("", run["output"]).split())

@@ -243,6 +243,32 @@ def test_the_module_removes_a_stale_record_but_not_in_check_mode(host):
     assert run_module({**params, "state": "absent"})["removed"] is False
 
 
+def test_the_last_known_good_record_is_kept_and_put_back_after_a_failed_deploy(host):
+    params = host["params"]
+    path, good = Path(params["path"]), Path(params["path"] + ".good")
+    run_module({**params, "state": "recorded"})
+    assert run_module({**params, "state": "kept"}, check_mode=True)["kept"] is True and not good.exists()
+    assert run_module({**params, "state": "kept"})["kept"] is True
+    assert good.read_bytes() == path.read_bytes() and good.stat().st_mode & 0o777 == 0o600
+    kept = good.read_bytes()
+    # The next deploy (another setting of the server) records its state, then fails: the kept record is back.
+    changed = {**params["fingerprint"], "variables of role server": "9"}
+    run_module({**params, "state": "recorded", "fingerprint": changed})
+    assert path.read_bytes() != kept
+    dry = run_module({**params, "state": "reverted"}, check_mode=True)
+    assert dry["restored"] is True and path.read_bytes() != kept
+    reverted = run_module({**params, "state": "reverted"})
+    assert reverted["restored"] is True and reverted["removed"] is False and path.read_bytes() == kept
+    # Checked like any record: the host as the last-known-good state left it skips every role.
+    assert run_module({**params, "state": "checked"})["converged"] is True
+    # Without a record nothing is kept and the older copy goes; a revert then leaves no record.
+    path.unlink()
+    assert run_module({**params, "state": "kept"})["kept"] is False and not good.exists()
+    run_module({**params, "state": "recorded"})
+    reverted = run_module({**params, "state": "reverted"})
+    assert reverted["restored"] is False and reverted["removed"] is True and not path.exists()
+
+
 # ------------------------------------------------------------------ the controller's fingerprint
 
 

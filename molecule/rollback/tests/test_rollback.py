@@ -40,6 +40,17 @@ def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence
     assert run["started_after"] != run["started_before"]
 
 
+def test_the_deploy_after_a_rollback_runs_only_the_role_whose_inputs_changed():
+    # threshold_not_met follows engine_refuses_start, whose rescue put back the converged record
+    # of the last-known-good state before rolling the host back to it: the venv and the model are
+    # as that record says, so only the server, whose environment the case changes, runs.
+    # The yaml callback quotes the verdict: '' stands for one quote.
+    out = failed_output(run_of("threshold_not_met")).replace("''", "'")
+    assert "Skipping ml_env and model_sync, as the last converged deploy left them; running inference_server:" in out
+    assert "The deploy's inputs changed: variables of role inference_server." in out
+    assert "TASK [ml_env : Compare the installed packages with the lock]" not in out
+
+
 def test_a_plan_the_engine_refuses_leaves_the_server_untouched():
     run = run_of("engine_check_refuses")
     out = failed_output(run)

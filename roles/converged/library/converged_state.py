@@ -23,7 +23,13 @@ description:
     change there runs every role. C(converged=true) when every role is skipped. When any role
     runs, it lists the C(reasons) and removes the record (not in check mode), so that a deploy
     that then changes the host and fails cannot leave a record behind that no longer describes it.
-  - C(state=absent) removes the record (a rollback, a failed deploy).
+  - C(state=kept), after the gate passed, keeps a copy of the record beside it (C(<path>.good)):
+    the record of the last-known-good state (none when there is no record).
+  - C(state=reverted), when a deploy failed and the host goes back to its last-known-good state,
+    replaces the record by that copy (or removes it when there is none). The next check verifies
+    it against the host like any record, so a rollback that did not complete only makes the
+    roles run.
+  - C(state=absent) removes the record.
   - Always returns C(changed=false); the record is bookkeeping, not configuration, so a no-op
     deploy stays at changed=0.
   - Secrets never enter the record; the fingerprint holds only sha256 digests, and secret
@@ -37,9 +43,11 @@ options:
     type: path
     required: true
   state:
-    description: C(checked) to compare, C(recorded) to write the record, C(absent) to remove it.
+    description:
+      - C(checked) to compare, C(recorded) to write the record, C(kept) to keep a copy of it as the
+        last-known-good state's, C(reverted) to put that copy back, C(absent) to remove the record.
     type: str
-    choices: [checked, recorded, absent]
+    choices: [checked, recorded, kept, reverted, absent]
     default: checked
   fingerprint:
     description:
@@ -125,8 +133,16 @@ facts:
   returned: state=checked
   type: dict
 removed:
-  description: Whether a stale record was removed.
-  returned: state=checked or state=absent
+  description: Whether a stale record was removed (without a copy to put back, for state=reverted).
+  returned: state=checked, state=reverted or state=absent
+  type: bool
+kept:
+  description: Whether there was a record to keep a copy of.
+  returned: state=kept
+  type: bool
+restored:
+  description: Whether the last-known-good state's record was put back.
+  returned: state=reverted
   type: bool
 paths:
   description: How many files, tree files, venvs and accounts the record holds.
@@ -149,6 +165,8 @@ RECORD_VERSION = 2
 # What a role's entry of the ``roles`` option names on the host.
 PATH_KINDS = ("files", "trees", "venvs", "users", "groups")
 MAX_REASONS = 10
+# The copy of the record of the last-known-good state, beside the record.
+GOOD_SUFFIX = ".good"
 
 
 def path_state(path: str) -> dict:
@@ -346,19 +364,35 @@ def compare(record: dict, params: dict) -> tuple[list[str], list[str], list[str]
     return [r for r in roles if r not in running], [r for r in roles if r in running], reasons[:MAX_REASONS]
 
 
-def write_record(path: str, record: dict) -> None:
-    """Write the record atomically, readable by root only (its directory is made when missing)."""
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically, readable by root only (its directory is made when missing)."""
     # Root's only when made here (inference_server's account.yml keeps the deploy's directory 0700).
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     # One writer at a time (the deploy lock): a fixed temporary name, rename(2) publishes it whole.
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    with os.fdopen(fd, "wb") as fh:
         os.fchmod(fh.fileno(), 0o600)
-        json.dump(record, fh, sort_keys=True)
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+
+
+def write_record(path: str, record: dict) -> None:
+    """Write the record atomically, readable by root only."""
+    write_atomically(path, json.dumps(record, sort_keys=True).encode())
+
+
+def copy_record(source: str, target: str) -> bool:
+    """Copy the record ``source`` to ``target`` atomically; False when there is no ``source``."""
+    try:
+        with open(source, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return False
+    write_atomically(target, data)
+    return True
 
 
 def remove_record(path: str) -> bool:
@@ -386,7 +420,11 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "path": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["checked", "recorded", "absent"], "default": "checked"},
+            "state": {
+                "type": "str",
+                "choices": ["checked", "recorded", "kept", "reverted", "absent"],
+                "default": "checked",
+            },
             "fingerprint": {"type": "dict", "default": {}},
             "part_roles": {"type": "dict", "default": {}},
             "roles": {"type": "dict", "default": {}},
@@ -395,9 +433,23 @@ def main() -> None:
         supports_check_mode=True,
     )
     params, path = module.params, module.params["path"]
+    good = path + GOOD_SUFFIX
     if params["state"] == "absent":
         removed = False if module.check_mode else remove_record(path)
         module.exit_json(changed=False, removed=removed)
+    if params["state"] == "kept":
+        if module.check_mode:
+            module.exit_json(changed=False, kept=os.path.exists(path))
+        kept = copy_record(path, good)
+        if not kept:
+            # Without a record (the fast path off), an older copy would describe an older state.
+            remove_record(good)
+        module.exit_json(changed=False, kept=kept)
+    if params["state"] == "reverted":
+        if module.check_mode:
+            module.exit_json(changed=False, restored=os.path.exists(good), removed=False)
+        restored = copy_record(good, path)
+        module.exit_json(changed=False, restored=restored, removed=False if restored else remove_record(path))
     if params["state"] == "recorded":
         record = take_record(params)
         if not module.check_mode:

@@ -602,6 +602,14 @@ def test_tool_prints_the_ct129_plan(ct129):
     assert printed["env"] == CT129_ENV
     assert "- user: inference:inference" in notes.splitlines(), "the exposure names the service account"
     assert "- entry point: sglang serve (SGLang 0.5.11 >= 0.5.5)" in notes.splitlines()
+    # ct129's keys live in Ansible Vault, which the tool does not open: it names the file a deploy
+    # writes with them, and that a deploy on 0.0.0.0 refuses to start without them.
+    key_file = f"/etc/{ct129['group'].get('inference_server_unit_name', 'inference-server')}/api-key.yaml"
+    assert (
+        f"- api_key_file: {key_file} once inference_server_api_key is set (Ansible Vault: not read offline); "
+        "a deploy refuses 0.0.0.0 without it"
+    ) in notes.splitlines()
+    assert f"- admin_api_key: admin-api-key in {key_file} once inference_server_admin_api_key is set" in notes
 
 
 def test_tool_refuses_with_the_plans_sentence():
@@ -640,6 +648,8 @@ def test_tool_plans_the_rehearsal_host_from_the_controller_model(tmp_path):
                                       "--host", "127.0.0.1", "--port", "8000", "--device", "cpu", "--dtype", "auto"]
     # fmt: on
     assert any("transformers 5.6.0" in note for note in result["plan"]["notes"])  # the lock's pin
+    # On loopback no key is needed, and none is asked for.
+    assert result["exposure"]["api_key_file"] is None and result["exposure"]["admin_api_key"] is None
 
 
 def test_tool_says_what_is_missing_offline(tmp_path):

@@ -22,6 +22,7 @@ removes a derived one), so the engine's check on the host sees what the unit wil
 Unknown flags are refused offline: ``launch_plan_flags/<engine>-<version>.json`` lists
 every flag of the engine's real parser (written by
 ``roles/inference_server/files/check-launch-args.py --dump-flags``; a test keeps it equal
+to what that parser accepts).
 
 The plan is split by concern, one file each beside this one (Ansible loads every file of
 filter_plugins as a filter plugin; only this one and the budget's have filters):

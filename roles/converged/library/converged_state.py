@@ -19,11 +19,11 @@ description:
     in one call and without reading any model weights. A role is skipped when its own inputs
     (the parts that C(part_roles) gives to it) and every path it manages are as recorded
     (and its unit, if any, is active and enabled at boot with no pending daemon-reload), and
-    no role it C(needs) runs. An input part that belongs to no role of C(roles) is shared: a
+    no role it C(needs) runs. An input part that belongs to no role of C(roles) is shared, and a
     change there runs every role. C(converged=true) when every role is skipped. When any role
     runs, it lists the C(reasons) and removes the record (not in check mode), so that a deploy
     that then changes the host and fails cannot leave a record behind that no longer describes it.
-  - C(state=kept), after the gate passed, keeps a copy of the record beside it (C(<path>.good)):
+  - C(state=kept), after the gate passed, keeps a copy of the record beside it (C(<path>.good)),
     the record of the last-known-good state (none when there is no record).
   - C(state=reverted), when a deploy failed and the host goes back to its last-known-good state,
     replaces the record by that copy (or removes it when there is none). The next check verifies

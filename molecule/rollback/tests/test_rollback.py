@@ -26,6 +26,11 @@ def run_of(case: str) -> dict:
     "case, evidence",
     [
         ("engine_refuses_start", "Unsupported attention implementation: 'no_such_attention'"),
+        (
+            "capacity_capped",
+            "runs at most 1 request at once (server_info effective_max_running_requests_per_dp; "
+            "4 asked), below min_running_requests 2",
+        ),
         ("threshold_not_met", "is below min_decode_tps"),
     ],
 )
@@ -41,7 +46,7 @@ def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence
 
 
 def test_the_deploy_after_a_rollback_runs_only_the_role_whose_inputs_changed():
-    # threshold_not_met follows engine_refuses_start, whose rescue put back the converged record
+    # threshold_not_met follows capacity_capped, whose rescue put back the converged record
     # of the last-known-good state before rolling the host back to it: the venv and the model are
     # as that record says, so only the server, whose environment the case changes, runs.
     # The yaml callback quotes the verdict: '' stands for one quote.
@@ -162,7 +167,7 @@ def test_the_host_ends_on_the_four_layer_model(host):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["engine_refuses_start", "slower_model_refused"])
+@pytest.mark.parametrize("case", ["engine_refuses_start", "capacity_capped", "slower_model_refused"])
 def test_a_failed_upgrade_goes_back_to_the_previous_engine_and_keeps_the_candidates_venv(host, case):
     run = run_of(case)
     assert run["rc"] != 0
@@ -171,6 +176,19 @@ def test_a_failed_upgrade_goes_back_to_the_previous_engine_and_keeps_the_candida
     # The link points at the venv the host ran before; the candidate's venv was built beside it.
     assert run["venv_after"] == run["venv_before"], run
     assert "transformers-cpu-5.6.2" in out
+
+
+def test_the_capacity_was_read_from_the_candidate_and_again_after_the_rollback(host):
+    # The capped-engine stand-in logs each server_info it answered: the candidate's gate read the
+    # capped limit of 5.6.2, and the rollback's re-gate the full one of 5.6.0, which passed.
+    log = host.run("journalctl -u rb-capped-engine --no-pager -o cat").stdout
+    answered = [line for line in log.splitlines() if line.startswith("server_info:")]
+    capped = "server_info: transformers 5.6.2, effective_max_running_requests_per_dp 1"
+    assert capped in answered, log[-2000:]
+    after = answered[answered.index(capped) :]
+    assert "server_info: transformers 5.6.0, effective_max_running_requests_per_dp 4" in after, log[-2000:]
+    # The measurement went through to the real server (streamed chat completions).
+    assert "POST /v1/chat/completions" in log
 
 
 def test_the_upgrade_that_passes_its_gate_is_kept_and_the_previous_venv_stays(host):

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import yaml
-from monitoring_support import REPO, ROLE, promtool
+from monitoring_support import REPO, ROLE, RULES, promtool
 
 KEY = "sk-serving-key-0123456789abcdef"
 
@@ -149,3 +149,34 @@ def test_the_allow_list_filter_reads_addresses_prefixes_and_systemd_words():
     assert allowed("127.0.0.1", ["localhost"]) and allowed("fd00::2", ["any"]) and allowed("10.9.9.9", ["any"])
     assert not allowed("mon-a01", ["any"])  # a name: systemd filters addresses
     assert not allowed("10.0.4.17", ["not-a-prefix"]) and not allowed("10.0.4.17", [])
+
+
+def test_an_alerts_for_duration_is_replaced_and_the_rest_of_the_rules_kept(tmp_path):
+    spec = importlib.util.spec_from_file_location("rules", ROLE / "filter_plugins" / "monitoring_rules.py")
+    rules = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rules)
+    text = RULES.read_text()
+    assert rules.monitoring_alert_for(text, {}) == text  # no override: the file as written, comments kept
+    changed = rules.monitoring_alert_for(text, {"LLMGatewayWorkerUnhealthy": "5s"})
+    before, after = (
+        {r["alert"]: r for g in yaml.safe_load(t)["groups"] for r in g["rules"] if "alert" in r}
+        for t in (text, changed)
+    )
+    assert after["LLMGatewayWorkerUnhealthy"]["for"] == "5s" and before["LLMGatewayWorkerUnhealthy"]["for"] != "5s"
+    assert {k: v for k, v in after.items() if k != "LLMGatewayWorkerUnhealthy"} == {
+        k: v for k, v in before.items() if k != "LLMGatewayWorkerUnhealthy"
+    }
+    assert after["LLMGatewayWorkerUnhealthy"]["expr"] == before["LLMGatewayWorkerUnhealthy"]["expr"]
+    assert rules.monitoring_alert_names(text) == list(before)
+    (tmp_path / "rules.yml").write_text(changed)
+    check = subprocess.run([promtool(), "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_for_duration_of_an_unknown_alert_or_no_duration_is_refused(tmp_path):
+    proc = run_role(tmp_path, {"monitoring_alert_for": {"LLMNoSuchAlert": "5m", "LLMServerDown": "soon"}})
+    assert proc.returncode != 0
+    out = " ".join(proc.stdout.split())
+    assert "monitoring_alert_for names LLMNoSuchAlert, LLMServerDown (not a duration): each key must be an alert" in out
+    assert not (tmp_path / "prometheus.yml").exists()
+    assert run_role(tmp_path, {"monitoring_alert_for": {"LLMServerDown": "90s"}}).returncode == 0

@@ -145,3 +145,54 @@ def test_the_gateway_runs_with_its_key_in_a_root_only_file_and_nowhere_else(host
     assert KEY not in host.run("journalctl -u smg-gateway --no-pager").stdout
     # Without the key the control plane refuses; the serving path answers.
     assert host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:30000/workers')\"").rc != 0
+
+
+# --------------------------------------------------------------------------------------
+# Monitoring: playbooks/monitoring.yml with the gateway's host as the Prometheus host
+# --------------------------------------------------------------------------------------
+
+
+def monitoring() -> dict:
+    """The monitoring play's runs and the alert's times (side_effect.yml, files/watch-alert.py)."""
+    return recorded("fleet-monitoring.json")
+
+
+def test_the_monitoring_play_installs_and_a_second_run_changes_nothing():
+    run = monitoring()
+    assert run["rc"] == 0, failed_output(run)[-3000:]
+    assert run["again_rc"] == 0, run["again_output"][-3000:]
+    recap = run["again_output"][run["again_output"].rindex("PLAY RECAP") :]
+    assert "changed=" in recap and all("changed=0" in line for line in recap.splitlines()[1:] if "changed=" in line)
+
+
+def test_prometheus_scrapes_every_host_and_the_gateway():
+    alert = recorded("fleet-alert.json")
+    up = {(t["job"], t["host"]) for t in alert["targets"] if t["health"] == "up"}
+    assert up == {("node", h) for h in HOSTS} | {("smg", GATEWAY)}, alert["targets"]
+
+
+def test_every_hosts_last_gate_and_the_rollback_arrive_as_series(host):
+    if host.backend.get_hostname() == GATEWAY:
+        return
+    name = host.backend.get_hostname()
+    series = recorded("fleet-alert.json")["gate_series"]
+    # The figure the host's own last gate report holds, through node_exporter and the scrape.
+    report = json.loads(host.file("/var/lib/inference-server-deploy/gate/latest.json").content_string)
+    assert series["llm_gate_passed"][name] == (1.0 if report["passed"] else 0.0)
+    assert abs(series["llm_gate_decode_tokens_per_second"][name] - report["aggregate"]["decode_tps_mean"]) < 0.01
+    # Host 1 was rolled back by the bad change: its rollback is a series (and LLMRollback fires).
+    rollbacks = recorded("fleet-alert.json")["rollback_series"]
+    assert (name in rollbacks) == (name == HOSTS[0]), rollbacks
+
+
+def test_a_stopped_server_fires_its_alert_and_the_alert_resolves_when_it_is_back():
+    run = monitoring()
+    assert run["alert_rc"] == 0, run["alert_output"][-3000:]
+    alert = recorded("fleet-alert.json")
+    assert alert["rule_for"] == 5  # monitoring_alert_for reached the installed rule
+    # Pending once the gateway found the worker unhealthy; firing after the rule's for: 5s more.
+    assert 0 < alert["pending_after_stop_s"] < alert["firing_after_stop_s"]
+    assert alert["firing_after_stop_s"] - alert["pending_after_stop_s"] >= 4
+    assert alert["resolved_after_start_s"] > 0
+    assert f"LLMRollback {HOSTS[0]}" in alert["firing_before"], alert["firing_before"]
+    print(run["alert_output"].strip())

@@ -175,8 +175,10 @@ molecule: setup model image-mlenv ## all molecule scenarios (MOLECULE_LANES at a
 	@status=0; tools/test-stages molecule --lanes $(MOLECULE_LANES) $(SCENARIOS) || status=$$?; \
 	tools/test-stages report; exit $$status
 
+# make test fails when the scenario's rows or outcomes differ from docs/reliability-results.json;
+# this target, which writes them anew, does not compare.
 reliability: setup model image-mlenv ## bad input, faults, secrets (molecule reliability) -> docs/reliability.md
-	molecule test -s reliability
+	RELIABILITY_CHECK_ROWS=0 molecule test -s reliability
 	$(VENV)/bin/python tools/reliability-report
 	cp artifacts/reliability/results.json docs/reliability-results.json
 

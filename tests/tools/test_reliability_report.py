@@ -16,6 +16,7 @@ RESULTS = {
     "duration_s": 300.0,
     "machine": {"cpus": 2, "load_avg": [1.0, 1.5, 2.0]},
     "image": "local/img:1",
+    "pytest_exit_status": 1,
     "rows": [
         {
             "table": "bad_input",
@@ -27,6 +28,8 @@ RESULTS = {
             "untouched": True,
             "seconds": 3.1,
             "matched": True,
+            "test": "tests/test_1_bad_input.py::test_bad_input[port-taken]",
+            "outcome": "passed",
         },
         {
             "table": "bad_input",
@@ -38,6 +41,8 @@ RESULTS = {
             "untouched": False,
             "seconds": 1.0,
             "matched": False,
+            "test": "tests/test_1_bad_input.py::test_bad_input[bad]",
+            "outcome": "failed",
         },
         {
             "table": "faults",
@@ -48,14 +53,34 @@ RESULTS = {
             "message": "Deploy step failed",
             "recover_s": 23.8,
             "rc": 2,
+            "test": "tests/test_2_faults.py::test_crash",
+            "outcome": "passed",
         },
-        {"table": "secrets", "where": "play output", "searched": "9 runs", "found": 0},
-        {"table": "secrets_on_purpose", "where": "/etc/x/secrets.env", "mode": "600 root:root", "holds": "HF"},
+        {
+            "table": "faults",
+            "fault": "two at once",
+            "how": "a second deploy",
+            "happened": "met the lock",
+            "host_did": "refused it",
+            "recover_s": None,
+            "rc": 2,
+            "test": "tests/test_2_faults.py::test_two",
+            "outcome": "passed",
+        },
+        {"table": "secrets", "where": "play output", "searched": "9 runs", "found": 0, "outcome": "passed"},
+        {
+            "table": "secrets_on_purpose",
+            "where": "/etc/x/secrets.env",
+            "mode": "600 root:root",
+            "holds": "HF",
+            "outcome": "passed",
+        },
         {
             "table": "files",
             "path": "/etc/x",
             "expected": "directory root:inference 0750",
             "found": "directory root:inference 0750",
+            "outcome": "passed",
         },
     ],
 }
@@ -76,12 +101,19 @@ def test_the_tables_hold_the_rows_with_pipes_escaped(tmp_path):
     proc = render(tmp_path)
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "page.md").read_text()
-    assert ("| port taken | a squatter | `Port 8001 \\| taken.` | preflight : Refuse | 0 | yes | 3.1 |") in page
-    assert "| bad | x | `m` | t | 2 | NO (message NOT as asserted) | 1.0 |" in page
-    assert "| crash | kill -9 | died | rolled back Message: `Deploy step failed` | 23.8 |" in page
+    assert (
+        "| port taken | a squatter | `Port 8001 \\| taken.` | preflight : Refuse | 0 | yes | 3.1 | "
+        "test_bad_input[port-taken] |"
+    ) in page
+    assert (
+        "| bad | x | `m` | t | 2 | NO (message NOT as asserted) | 1.0 | test_bad_input[bad]: **NOT PASSED** (failed) |"
+        in page
+    )
+    assert "| crash | kill -9 | died | rolled back Message: `Deploy step failed` | 23.8 | test_crash |" in page
+    assert "| refused it | no outage: the server was never down | test_two |" in page
     assert "| play output | 9 runs | 0 |" in page
-    assert "6 rows, 1 of them not as expected" in page
-    assert "commit `abc1234`" in page
+    assert "7 rows from the scenario's tests, 1 of them not as expected** (2 bad input, 2 faults" in page
+    assert "commit `abc1234`" in page and "pytest exit status 1." in page
 
 
 def test_check_says_whether_the_page_is_current(tmp_path):
@@ -109,9 +141,37 @@ def test_a_files_rule_counts_by_the_tests_verdict(tmp_path):
         "found": "user inference (uid 999, shell /usr/sbin/nologin)",
     }
     for ok, counted in ((True, 1), (False, 2)):
-        results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok)])
+        results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok, outcome="passed")])
         assert render(tmp_path, results=results).returncode == 0
-        assert f"7 rows, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
+        assert (
+            f"8 rows from the scenario's tests, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
+        )
+
+
+def test_a_row_whose_test_failed_or_never_ended_is_not_as_expected(tmp_path):
+    # The fault row's own fields say nothing wrong: only its test's outcome does.
+    for outcome in ("failed", "skipped", None):
+        rows = [dict(r, outcome=outcome) if r.get("fault") == "crash" else r for r in RESULTS["rows"]]
+        assert render(tmp_path, results=dict(RESULTS, rows=rows)).returncode == 0
+        page = (tmp_path / "page.md").read_text()
+        assert "7 rows from the scenario's tests, 2 of them not as expected" in page
+        assert f"test_crash: **NOT PASSED** ({outcome or 'no outcome'})" in page
+
+
+def test_check_rows_fails_on_a_new_gone_or_changed_row_and_ignores_timings(tmp_path):
+    committed = tmp_path / "committed.json"
+    committed.write_text(json.dumps(RESULTS))
+    timings = [dict(r, recover_s=99.9, seconds=42.0) if r["table"] != "secrets" else r for r in RESULTS["rows"]]
+    same = render(tmp_path, "--check-rows", str(committed), results=dict(RESULTS, rows=timings, duration_s=1.0))
+    assert same.returncode == 0, same.stderr
+    assert not (tmp_path / "page.md").exists()  # --check-rows writes nothing
+    changed = [dict(r, outcome="failed") if r.get("fault") == "crash" else r for r in RESULTS["rows"]]
+    proc = render(tmp_path, "--check-rows", str(committed), results=dict(RESULTS, rows=changed))
+    assert proc.returncode == 1
+    assert "row faults/crash: as expected in the committed page, NOT as expected now" in proc.stderr
+    fewer = [r for r in RESULTS["rows"] if r.get("fault") != "two at once"]
+    proc = render(tmp_path, "--check-rows", str(committed), results=dict(RESULTS, rows=fewer))
+    assert proc.returncode == 1 and "row gone faults/two at once" in proc.stderr
 
 
 ROLLING = {
@@ -146,6 +206,26 @@ def test_the_gateway_rows_carry_the_rolling_figures_and_say_so_when_missing(tmp_
     assert "| a good change rolled over every host (the drain) |" in page and "| 500 | 0 | 0 |" in page
     assert "molecule-fleet-1 failed its start" in page and "| 200 | 0 | 0 |" in page
     assert "| the gateway in front of the fleet |" in page and "| 812 | 0 | 0 |" in page
-    assert "6 rows, 1 of them not as expected" in page
+    assert "7 rows from the scenario's tests, 1 of them not as expected" in page
     assert render(tmp_path, "--rolling", str(tmp_path / "none.json")).returncode == 0
     assert "Not measured yet" in (tmp_path / "page.md").read_text()
+
+
+def test_the_committed_page_is_the_rendering_of_the_committed_results():
+    # docs/reliability.md is never edited by hand: it is what the tool makes of the committed
+    # results (and the committed rolling-deploy figures), so it cannot claim more than they hold.
+    repo = TOOL.parents[1]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(TOOL),
+            "--results",
+            str(repo / "docs" / "reliability-results.json"),
+            "--out",
+            str(repo / "docs" / "reliability.md"),
+            "--check",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr + " (run make reliability, or tools/reliability-report on the results)"

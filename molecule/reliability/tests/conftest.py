@@ -490,8 +490,22 @@ def good_state(deployer: Deployer) -> dict[str, Any]:
 
 
 def record(table: str, **row: Any) -> None:
-    """Add a row to one of the tables of docs/reliability.md."""
-    ROWS.append({"table": table, **row})
+    """Add a row to one of the tables of docs/reliability.md, naming the test that records it.
+
+    Its ``outcome`` is set when that test has ended (:func:`pytest_runtest_makereport`): a row
+    recorded before a failing assert renders as not as expected.
+    """
+    ROWS.append({"table": table, **row, "test": CURRENT_TEST[0], "outcome": None})
+
+
+# The node id of the test running now (rows recorded by a fixture belong to the test it serves).
+CURRENT_TEST: list[str] = [""]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Note the test whose rows :func:`record` adds from now on."""
+    CURRENT_TEST[0] = item.nodeid
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -529,6 +543,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         )
         + "\n"
     )
+    # A whole run (no -k or -m, nothing deselected) must give the committed page's rows and
+    # outcomes: otherwise the verify fails, and with it make test. `make reliability`, which
+    # regenerates the page, sets RELIABILITY_CHECK_ROWS=0.
+    options = session.config.option
+    if options.keyword or options.markexpr or session.testscollected != len(session.items):
+        return
+    if os.environ.get("RELIABILITY_CHECK_ROWS") == "0":
+        return
+    check = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "reliability-report"),
+            "--results",
+            str(RESULTS),
+            "--check-rows",
+            str(REPO / "docs" / "reliability-results.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    sys.stderr.write(check.stdout + check.stderr)
+    if check.returncode != 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def same_server(before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -562,3 +599,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     setattr(item, "rep_" + report.when, report)
+    # The rows this test recorded take its outcome: passed only when every phase passed.
+    for row in ROWS:
+        if row["test"] == item.nodeid and row["outcome"] != "failed" and (report.when == "call" or report.failed):
+            row["outcome"] = "failed" if report.failed else report.outcome

@@ -104,6 +104,18 @@ def cases(work: Path) -> list[Case]:
              r"set ml_env_lock to a lock that pins sglang 0\.5\.12 \(no lock in \S+/roles/ml_env/files/locks does: "
              r"make one with tools/lock-profile\), or set ml_env_expected_engine_version to 0\.5\.11\.",
              extra={**gpu_vars, "ml_env_expected_engine_version": "0.5.12"}, limit="rel-gpu"),
+        Case("known-bad-engine", "an engine version known to crash on this model",
+             "`rel-gpu` with 2 stand-in GPUs and a lock pinning sglang 0.5.13 (`-e ml_env_lock_dir=...`, "
+             "`ml_env_lock=sglang-0.5.13`, `ml_env_expected_engine_version=0.5.13`): NEXTN with extra_buffer on the "
+             "hybrid model",
+             r"ml_env_lock gives sglang 0\.5\.13, which is known to crash with a TypeError in "
+             r"set_mamba_track_indices_from_reqs on hybrid models \(Qwen3\.5/3\.6\) with speculative decoding and the "
+             r"mamba extra_buffer \(sgl-project/sglang#27325, sgl-project/sglang#28312, sgl-project/sglang#28431, "
+             r"sgl-project/sglang#28484, sgl-project/sglang#31249, fixed by sgl-project/sglang#27998 in 0\.5\.15\): "
+             r"use a supported version \(0\.5\.11, 0\.5\.17, 0\.5\.23\)\.",
+             extra={**gpu_vars, "ml_env_lock_dir": str(work / "locks-known-bad"), "ml_env_lock": "sglang-0.5.13",
+                    "ml_env_expected_engine_version": "0.5.13"},
+             limit="rel-gpu", setup=fake_gpus(2), teardown=no_gpus),
         Case("lock-unknown", "a lock name with no lock file",
              "`-e ml_env_lock=sglang-0.6.0`",
              r"ml_env_lock 'sglang-0\.6\.0' has no lock file at \S+/roles/ml_env/files/locks/sglang-0\.6\.0\.txt; "
@@ -119,6 +131,15 @@ def cases(work: Path) -> list[Case]:
              r"manages it as a symlink to one venv per lock\.",
              extra={"ml_env_path": "/opt/ml-env-file"},
              setup=lambda: sh("echo not-a-venv > /opt/ml-env-file"), teardown=lambda: sh("rm -f /opt/ml-env-file")),
+        Case("network-without-key", "a network bind whose engine enforces no API key",
+             "`-e inference_server_host=0.0.0.0` on the rehearsal host, whose vaulted inference_server_api_key "
+             "transformers serve does not enforce",
+             r'inference_server_host is "0\.0\.0\.0", a network address, but inference_server_api_key is not enforced '
+             r"by transformers serve: anyone who reaches rel-molecule:\d+ could use the server; set "
+             r"inference_server_api_key \(in Ansible Vault\) for an SGLang server, set inference_server_host to "
+             r"127\.0\.0\.1, or set inference_server_allow_unauthenticated_network to true to accept it "
+             r"unauthenticated behind its IP allow-list \([^)]*\)\.",
+             extra={"inference_server_host": "0.0.0.0"}),
         Case("thresholds", "thresholds that make no sense",
              "`-e health_gate_requests=0 -e health_gate_min_decode_tps=-5`",
              r"health_gate_requests is 0, but it must be at least 1 measured request: correct it in the group_vars "
@@ -215,6 +236,11 @@ def work(workdir: Path) -> Path:
         if drop:
             (root / name / drop).unlink()
     (root / "tiny-bigger" / "extra.bin").write_bytes(b"\0" * 16 * 1024 * 1024)
+    (root / "locks-known-bad").mkdir()
+    known_bad = (REPO / "roles/ml_env/files/locks/sglang-0.5.11.txt").read_text()
+    (root / "locks-known-bad" / "sglang-0.5.13.txt").write_text(
+        known_bad.replace("sglang==0.5.11", "sglang==0.5.13").replace("SGLang 0.5.11", "SGLang 0.5.13")
+    )
     (root / "locks-glibc").mkdir()
     lock = (REPO / "roles/ml_env/files/locks/transformers-cpu.txt").read_text().splitlines(True)
     (root / "locks-glibc" / "transformers-cpu.txt").write_text(

@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from conftest import (
     ENGINE_SECRET,
     FAST_GATE,
+    HOST,
     PORT,
     REPO,
     SECRETS,
@@ -136,7 +138,7 @@ def test_controller_killed_mid_deploy_then_two_deploys_at_once(deployer: Deploye
         host_did=f"refused it in {concurrent.duration_s} s with one sentence naming the holder; the second run "
         "went on untouched",
         message=concurrent.message,
-        recover_s=0.0,
+        recover_s=None,  # the second run went on: no outage to recover from
         rc=concurrent.rc,
     )
 
@@ -516,3 +518,196 @@ def _literal_bytes(run: Any) -> int:
                 if found:
                     return int(found.group(1).replace(",", ""))
     raise AssertionError("no rsync --stats in the push's result")
+
+
+def power_cut() -> float:
+    """Stop the host container within a second (systemd gets no time to stop the server) and start it
+    again, as a power cut and a boot; the monotonic time of the cut."""
+    cut = time.monotonic()
+    subprocess.run(["docker", "restart", "--time", "1", HOST], check=True, capture_output=True, timeout=120)
+    return cut
+
+
+def boots_serving(cut: float) -> float:
+    """Seconds from the cut until the server answers /health again (started by systemd at boot)."""
+    assert wait_for(
+        lambda: dexec("systemctl", "is-system-running", check=False).strip() in ("running", "degraded"), 120
+    )
+    assert wait_for(healthy, 240), sh(f"journalctl -b -u {UNIT} --no-pager -n 60", check=False)
+    return round(time.monotonic() - cut, 1)
+
+
+def cut_run_outcome(run: Any) -> str:
+    """What became of a deploy whose host lost power under it: each task is a new connection, so a
+    host back within seconds lets the run go on (as with SSH), or the task in flight fails it."""
+    if run.rc == 0:
+        return "the run went on once the host was back and ended well (rc 0)"
+    return f"the run failed (rc {run.rc}: {run.message[:160] or 'no message'})"
+
+
+def unit_sha_and_lkg() -> tuple[str, str]:
+    """sha256 of the unit on disk and of the last-known-good record's copy."""
+    out = sh(
+        f"sha256sum /etc/systemd/system/{UNIT}.service /var/lib/{UNIT}-deploy/last-known-good/unit.service | cut -c1-64"
+    ).split()
+    return out[0], out[1]
+
+
+def test_the_host_loses_power_mid_deploy_and_after_a_deploy(deployer: Deployer) -> None:
+    """A power cut while a deploy restarts the server, and one after a deploy: the lock is gone at
+    boot, the unit comes up by itself, and a rerun passes the gate with the last-known-good unit
+    equal to the running one."""
+    cut: dict[str, float] = {}
+
+    def cut_at_restart(event: dict[str, Any], handle: RunHandle) -> None:
+        if task_started(event, "Restart the server") and "at" not in cut:
+            cut["at"] = 0.0
+            in_background(lambda: cut.update(at=power_cut(), marked=handle.mark("power-cut")))
+
+    mid = deployer.run(MARK_B, watch=cut_at_restart)
+    assert wait_for(lambda: "marked" in cut, 120), "the power was never cut"
+    booted_mid = boots_serving(cut["at"])
+    at_boot_mid = server_state()
+    lock_after_mid = lock_held()
+    # Either systemd started the unit the cut left on disk (the new one, not yet gated), or the cut
+    # run's rescue reached the booted host and put the last-known-good unit back: both serve.
+    booted_unit = (
+        "the new unit"
+        if "RELIABILITY_MARK=b" in environ_of(int(at_boot_mid["MainPID"]))
+        else "the last-known-good unit"
+    )
+    rerun_mid = deployer.run(MARK_B)
+    mid_recover = round(time.monotonic() - cut["at"], 1)
+    unit_mid, lkg_mid = unit_sha_and_lkg()
+    record(
+        "faults",
+        id="power-cut-mid-deploy",
+        fault="the host loses power while a deploy restarts the server",
+        how="`docker restart --time 1` of the host container as the deploy's `Restart the server` task began "
+        "(a new Environment= line in the unit), then the same deploy again",
+        happened=f"{cut_run_outcome(mid)}; at boot /run was empty (lock {'HELD' if lock_after_mid else 'gone'}) "
+        f"and the server ran {booted_unit}, serving {booted_mid} s after the cut",
+        host_did=f"the rerun (rc {rerun_mid.rc}) took the lock, deployed and gated the new unit and recorded it as "
+        f"last-known-good: its unit's sha256 equals the running unit's ({'yes' if unit_mid == lkg_mid else 'NO'})",
+        recover_s=mid_recover,
+        rc=rerun_mid.rc,
+    )
+
+    cut_after = power_cut()
+    booted_after = boots_serving(cut_after)
+    at_boot_after = server_state()
+    lock_after = lock_held()
+    rerun_after = deployer.run(MARK_B)
+    unit_after, lkg_after = unit_sha_and_lkg()
+    record(
+        "faults",
+        id="power-cut-after-deploy",
+        fault="the host loses power after a deploy",
+        how="`docker restart --time 1` of the host container once the deploy above had ended; then the same "
+        "deploy again (the nightly's view)",
+        happened=f"at boot the lock was {'HELD' if lock_after else 'gone'} and systemd started the gated unit: "
+        f"serving {booted_after} s after the cut",
+        host_did=f"the rerun (rc {rerun_after.rc}) kept the server booted "
+        f"({'same' if main_pid() == int(at_boot_after['MainPID']) else 'ANOTHER'} process) and passed the gate; "
+        f"changed tasks: {', '.join(rerun_after.changed_tasks()) or 'none'}; the last-known-good unit is the "
+        f"running one ({'yes' if unit_after == lkg_after else 'NO'})",
+        recover_s=booted_after,
+        rc=rerun_after.rc,
+    )
+
+    assert not lock_after_mid and at_boot_mid["ActiveState"] == "active", at_boot_mid
+    assert "RELIABILITY_MARK=b" in environ_of(main_pid()), "the rerun did not deploy the change"
+    assert rerun_mid.rc == 0, rerun_mid.tail()
+    assert unit_mid == lkg_mid, "the last-known-good unit is not the running one"
+    assert not lock_after and at_boot_after["ActiveState"] == "active", at_boot_after
+    assert rerun_after.rc == 0, rerun_after.tail()
+    assert main_pid() == int(at_boot_after["MainPID"]), "the rerun restarted the server it found serving"
+    assert unit_after == lkg_after == unit_mid
+    assert healthy() and not lock_held()
+
+
+# The controller killed at each phase of a deploy that changes the unit (its own new mark each),
+# then the same deploy run again. (The unit write is test_controller_killed_mid_deploy_...'s and
+# the model sync test_rsync_killed_mid_sync's.) The rollback phase kills a deploy whose engine
+# refuses to start while the rescue restarts the last-known-good server; its rerun is the
+# previous phase's good deploy. (phase, task it is killed in, seconds after that task began, the
+# killed run's variables, the rerun's variables)
+MARK_RESTART = {"inference_server_environment": {"RELIABILITY_MARK": "restart"}}
+MARK_GATE = {"inference_server_environment": {"RELIABILITY_MARK": "gate"}}
+MARK_RECORD = {"inference_server_environment": {"RELIABILITY_MARK": "record"}}
+REFUSES_START = {**MARK_RECORD, "inference_server_overrides": {"--attn-implementation": "no_such_attention"}}
+PHASES = [
+    ("restart", "the drain and restart of the server", "Restart the server", 1.0, MARK_RESTART, MARK_RESTART),
+    ("gate", "the gate", "Run the health gate on the host", 3.0, MARK_GATE, MARK_GATE),
+    (
+        "record",
+        "the last-known-good record, staged but not yet put in place",
+        "Put the staged record in place in one exchange of the directories",
+        0.0,
+        MARK_RECORD,
+        MARK_RECORD,
+    ),
+    (
+        "rollback",
+        "a rollback's restart",
+        "Restart the server on its last-known-good state",
+        1.0,
+        REFUSES_START,
+        MARK_RECORD,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("phase", "what", "task", "delay", "killed_vars", "rerun_vars"), PHASES, ids=[p[0] for p in PHASES]
+)
+def test_controller_killed_at_each_phase_then_run_again(
+    deployer: Deployer,
+    phase: str,
+    what: str,
+    task: str,
+    delay: float,
+    killed_vars: dict[str, Any],
+    rerun_vars: dict[str, Any],
+) -> None:
+    """Kill the controller in one phase; the same (good) deploy again ends serving, gated, recorded."""
+    killed_at: dict[str, float] = {}
+
+    def kill_in_phase(event: dict[str, Any], handle: RunHandle) -> None:
+        if task_started(event, task) and not killed_at:
+            killed_at["started"] = handle.mark("phase")
+
+            def later() -> None:
+                time.sleep(delay)
+                handle.kill()
+
+            in_background(later)
+
+    killed = deployer.run(killed_vars, watch=kill_in_phase)
+    at_kill = server_state()
+    rerun = deployer.run(rerun_vars)
+    unit, lkg = unit_sha_and_lkg()
+    pid = main_pid()
+    mark = rerun_vars["inference_server_environment"]["RELIABILITY_MARK"]
+    took_over = [w for w in rerun.warnings() if "Took over the deploy lock" in w]
+    record(
+        "faults",
+        id=f"controller-killed-{phase}",
+        fault=f"the controller is killed during {what}",
+        how=f"SIGKILL to ansible-playbook and its workers {delay:g} s after the task `{task}` began"
+        + (" (a deploy whose engine refuses to start, rolled back)" if phase == "rollback" else "")
+        + "; then the good deploy again",
+        happened=f"the run ended with rc {killed.rc}; the unit was {at_kill.get('ActiveState')}, the lock "
+        f"{'held' if 'LOCK-HELD' in at_kill['files'] else 'gone'}",
+        host_did=f"the rerun (rc {rerun.rc}) {'took over the dead run' + chr(39) + 's lock, ' if took_over else ''}"
+        f"ended with the server running RELIABILITY_MARK={mark}, gated, with the last-known-good unit "
+        f"equal to the running one ({'yes' if unit == lkg else 'NO'})",
+        recover_s=rerun.duration_s,
+        rc=rerun.rc,
+    )
+    assert killed.killed, f"the run ended before {task!r} ({killed.rc}):\n{killed.tail()}"
+    assert rerun.rc == 0, rerun.tail()
+    assert healthy() and not lock_held()
+    assert f"RELIABILITY_MARK={mark}" in environ_of(pid)
+    assert unit == lkg, "the last-known-good unit is not the running one"
+    assert sh(f"test -e /var/lib/{UNIT}-deploy/last-known-good.staged && echo left || echo none").strip() == "none"

@@ -11,9 +11,17 @@ The section on rolling deploys through the gateway has hand-written rows whose f
 from ``--rolling`` (``bench/rolling_deploy report``, run by the fleet scenario); without
 that file the section says it was not measured.
 With ``--check`` it exits 1 when the page on disk differs from what the results give.
+With ``--check-rows COMMITTED`` it writes nothing and exits 1 when the results' rows or their
+outcomes differ from those of COMMITTED (docs/reliability-results.json), timings aside: the
+reliability scenario's verify runs it after its last test, so ``make test`` fails when the
+committed page no longer says what the scenario just found.
 
-Exit status: 0 written (or up to date), 1 ``--check`` found a difference, 2 usage error
-(no results file, a results file of another schema).
+Every row carries the test that recorded it (``test``) and that test's outcome (``outcome``,
+set by the scenario's conftest once the test ended): a row is as expected only when its test
+passed and its own verdict (the message matched, nothing found, the mode expected) holds.
+
+Exit status: 0 written (or up to date), 1 ``--check`` or ``--check-rows`` found a difference,
+2 usage error (no results file, a results file of another schema).
 """
 
 from __future__ import annotations
@@ -46,7 +54,14 @@ on the 2-core CI machine, plus about 1.5 min to create, converge and destroy the
 `make test` (and `make molecule`) runs the scenario too.
 
 Run of {generated}, commit `{commit}`, {cpus} CPUs (load average {load} when it ended),
-image `{image}`: {rows} rows, {failed} of them not as expected.
+image `{image}`, pytest exit status {exit_status}.
+
+**{rows} rows from the scenario's tests, {failed} of them not as expected** ({counts}).
+A row is as expected when the test named in it passed and its own verdict holds; the verify
+fails when the rows or their outcomes differ from this page's results
+(docs/reliability-results.json). The hand-written rows (the launch plan's, the drafters', the
+exposure's, the gateway's and the adoption's sections) are listed apart and not counted.
+
 """
 
 BAD_INPUT = """\
@@ -71,8 +86,8 @@ lock, Qwen3.6-27B's real `config.json` (no weights) and a stand-in `nvidia-smi` 
 A6000 (the test machines have no GPU; on ct129 preflight reads the real one). The plan
 refuses each before ml_env would build the SGLang venv.
 
-| case | how it was tried | the exact message | refused by | changed | host untouched | s |
-| --- | --- | --- | --- | --- | --- | --- |
+| case | how it was tried | the exact message | refused by | changed | host untouched | s | test |
+| --- | --- | --- | --- | --- | --- | --- | --- |
 """
 
 # Bad DFlash drafters: refused by the launch plan offline (precheck, before anything changes
@@ -155,6 +170,8 @@ config.json needs a sync, a mirror host or the Hub, is checked in `plan.yml` aft
 still before the unit changes); `tests/launch_plan/test_launch_plan_draft.py` checks every message
 against the plan word for word. The rules: docs/launch-plan.md, "DFLASH".
 
+| case | how it was tried | the exact message |
+| --- | --- | --- |
 """
 
 # Written by hand, not measured by the scenario: refusals of the memory budget, which needs the
@@ -207,8 +224,8 @@ FAULTS = """\
 Times are measured on the CI machine: from the fault to the end of the run that proved the
 host serves again (its gate passed), unless the row says otherwise.
 
-| fault | how | what happened | what the host did | time to recover (s) |
-| --- | --- | --- | --- | --- |
+| fault | how | what happened | what the host did | time to recover (s) | test |
+| --- | --- | --- | --- | --- | --- |
 """
 
 SECRETS = """\
@@ -410,7 +427,11 @@ give-up series, each labelled `unit`. One probe now, with a shorter deadline: wr
 drafter's) revision directory (`inference_server_mounts_for`), so a late mount is waited for
 instead of crashed into; the SGLang unit is `After=`/`Wants=nvidia-persistenced.service`
 (`inference_server_after_units`; a host without that unit is unaffected, systemd ignores a
-`Wants=` of a unit that does not exist).
+`Wants=` of a unit that does not exist). The Faults table's two power cuts (`docker restart --time 1` of
+the host container, once while a deploy restarts the server and once after a deploy) show the
+rest of a boot: `/run` is empty, so no deploy lock is left; systemd starts the unit on disk by
+itself; and the same deploy run again passes the gate and leaves the last-known-good unit equal
+to the running one.
 
 **The last-known-good record** is written whole into `last-known-good.staged` and exchanged
 with the live directory by one `renameat2(RENAME_EXCHANGE)` after an fsync
@@ -488,20 +509,57 @@ def table(rows: Iterable[dict[str, Any]], keys: Sequence[str], code: Sequence[st
     return "\n".join(out) + "\n"
 
 
+def as_expected(row: dict[str, Any]) -> bool:
+    """Whether a row's test passed and the row's own verdict holds (message matched and server
+    untouched, no secret found, the expected mode)."""
+    if row.get("outcome") != "passed":
+        return False
+    if row["table"] == "bad_input":
+        return bool(row.get("matched") and row.get("untouched"))
+    if row["table"] == "secrets":
+        return not row.get("found")
+    if row["table"] == "files":
+        # A rule (e.g. "uid < 1000") carries the test's verdict in "ok"; a mode is compared as is.
+        return bool(row.get("ok", row.get("expected") == row.get("found")))
+    return True
+
+
 def not_as_expected(rows: list[dict[str, Any]]) -> int:
-    """Rows whose case did not end as asserted (wrong message, server touched, a secret found)."""
-    bad = 0
-    for row in rows:
-        if row["table"] == "bad_input":
-            bad += not (row.get("matched") and row.get("untouched"))
-        elif row["table"] == "faults":
-            bad += row.get("rc") is None
-        elif row["table"] == "secrets":
-            bad += bool(row.get("found"))
-        elif row["table"] == "files":
-            # A rule (e.g. "uid < 1000") carries the test's verdict in "ok"; a mode is compared as is.
-            bad += not row.get("ok", row.get("expected") == row.get("found"))
-    return bad
+    """How many rows are not :func:`as_expected`."""
+    return sum(not as_expected(row) for row in rows)
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str]:
+    """(table, the row's name): what identifies a row from one run to the next."""
+    name = row.get("id") or row.get("case") or row.get("where") or row.get("path") or row.get("fault") or "?"
+    return row["table"], str(name)
+
+
+def row_differences(committed: dict[str, Any], produced: dict[str, Any]) -> list[str]:
+    """Rows added, gone, or whose verdict changed between two results files (timings aside)."""
+    before = {row_key(r): as_expected(r) for r in committed.get("rows", [])}
+    after = {row_key(r): as_expected(r) for r in produced.get("rows", [])}
+    out = [f"new row {t}/{n}" for t, n in sorted(set(after) - set(before))]
+    out += [f"row gone {t}/{n}" for t, n in sorted(set(before) - set(after))]
+    out += [
+        f"row {t}/{n}: {'as expected' if before[(t, n)] else 'NOT as expected'} in the committed page, "
+        f"{'as expected' if after[(t, n)] else 'NOT as expected'} now"
+        for t, n in sorted(set(before) & set(after))
+        if before[(t, n)] != after[(t, n)]
+    ]
+    return out
+
+
+def _test_cell(row: dict[str, Any]) -> str:
+    """The test that recorded a row (function name, with its parameter), and NOT PASSED when it did not pass."""
+    name = str(row.get("test") or "?").rsplit("::", 1)[-1]
+    return name if row.get("outcome") == "passed" else f"{name}: **NOT PASSED** ({row.get('outcome') or 'no outcome'})"
+
+
+def _recover_cell(row: dict[str, Any]) -> str:
+    """A measured recovery time, or why there is none."""
+    value = row.get("recover_s")
+    return "no outage: the server was never down" if value is None else str(value)
 
 
 def rolling_rows(rolling: dict[str, Any]) -> list[dict[str, Any]]:
@@ -559,6 +617,8 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> st
             load=", ".join(str(x) for x in machine.get("load_avg", [])),
             image=results.get("image") or "local/bookworm-systemd",
             rows=len(rows),
+            counts=", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in by.items() if v),
+            exit_status=results.get("pytest_exit_status", "not recorded"),
             failed=not_as_expected(rows),
         )
     ]
@@ -567,12 +627,17 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> st
             r,
             untouched=("yes" if r.get("untouched") else "NO")
             + ("" if r.get("matched") else " (message NOT as asserted)"),
+            test=_test_cell(r),
         )
         for r in by["bad_input"]
     ]
     page += [
         BAD_INPUT,
-        table(bad_rows, ("case", "how", "message", "refused_by", "changed", "untouched", "seconds"), code=("message",)),
+        table(
+            bad_rows,
+            ("case", "how", "message", "refused_by", "changed", "untouched", "seconds", "test"),
+            code=("message",),
+        ),
         "\n",
         PLAN_ONLY,
     ]
@@ -581,9 +646,9 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> st
         did = r.get("host_did", "")
         if r.get("message"):
             did += f" Message: `{cell(r['message'])[:300]}{'...' if len(r['message']) > 300 else ''}`"
-        fault_rows.append(dict(r, host_did=did))
+        fault_rows.append(dict(r, host_did=did, recover_s=_recover_cell(r), test=_test_cell(r)))
     page += [DRAFTERS, table(DRAFTER_ROWS, ("case", "how", "message"), code=("message",)), "\n", EXPOSURE, "\n"]
-    page += [FAULTS, table(fault_rows, ("fault", "how", "happened", "host_did", "recover_s")), "\n"]
+    page += [FAULTS, table(fault_rows, ("fault", "how", "happened", "host_did", "recover_s", "test")), "\n"]
     page += [SECRETS, table(by["secrets"], ("where", "searched", "found")), "\n"]
     page += [ON_PURPOSE, table(by["secrets_on_purpose"], ("where", "mode", "holds")), "\n"]
     page += [FILES, table(by["files"], ("path", "expected", "found"), code=("path",)), "\n"]
@@ -614,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         help="bench/rolling_deploy's figures for the gateway section (optional)",
     )
     parser.add_argument("--check", action="store_true", help="exit 1 when --out differs from the rendering")
+    parser.add_argument(
+        "--check-rows",
+        type=Path,
+        metavar="COMMITTED",
+        help="exit 1 when the rows or their outcomes differ from COMMITTED's (timings aside); writes nothing",
+    )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -634,6 +705,24 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"reliability-report: cannot read {args.rolling}: {exc}", file=sys.stderr)
         return 2
+    if args.check_rows:
+        try:
+            committed = json.loads(args.check_rows.read_text())
+        except (OSError, ValueError) as exc:
+            print(f"reliability-report: cannot read {args.check_rows}: {exc}", file=sys.stderr)
+            return 2
+        differences = row_differences(committed, results)
+        for line in differences:
+            print(f"reliability-report: {line}", file=sys.stderr)
+        if differences:
+            print(
+                f"reliability-report: {args.results} differs from {args.check_rows} in {len(differences)} row(s): "
+                "fix what broke, or run `make reliability` and commit the page and its results",
+                file=sys.stderr,
+            )
+            return 1
+        print(f"reliability-report: the {len(results['rows'])} rows and their outcomes are those of {args.check_rows}")
+        return 0
     page = render(results, rolling)
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""

@@ -2,8 +2,8 @@
 
 The watchdog probes a REAL HTTP server here (a thread of this test: healthy, hung, or
 refusing a wrong key); systemd is a small stand-in ``systemctl`` on PATH that keeps the unit's
-state in a file and logs each call. The molecule scenario ``default`` runs the same program
-against the real unit (tests/test_watchdog.py: a SIGSTOPped server, a crash loop).
+state in a file and logs each call. The molecule scenario ``reliability`` runs the same program
+against the real unit (tests/test_5_between_deploys.py: a SIGSTOPped server, a crash loop).
 """
 
 from __future__ import annotations

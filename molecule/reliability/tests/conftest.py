@@ -110,6 +110,37 @@ def server_state() -> dict[str, Any]:
     return {**props, "files": files}
 
 
+def write_shard(path: Path, nbytes: int) -> None:
+    """A safetensors file with one U8 tensor of ``nbytes`` random bytes."""
+    header = json.dumps({"w": {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with path.open("wb") as handle:
+        handle.write(len(header).to_bytes(8, "little") + header)
+        handle.write(os.urandom(nbytes))
+
+
+def unit_sha_and_lkg() -> tuple[str, str]:
+    """sha256 of the unit on disk and of the last-known-good record's copy."""
+    out = sh(
+        f"sha256sum /etc/systemd/system/{UNIT}.service /var/lib/{UNIT}-deploy/last-known-good/unit.service | cut -c1-64"
+    ).split()
+    return out[0], out[1]
+
+
+def rsync_sent_bytes(run: Any) -> int:
+    """'Literal data' of rsync --stats in the push task's result (bytes really sent)."""
+    for event in run.events:
+        if event.get("_event") == "v2_runner_on_ok" and event["task"]["name"].endswith(
+            "Push the model from the controller into the incoming snapshot"
+        ):
+            for result in event["hosts"].values():
+                text = str(result.get("msg", "")) + "\n".join(result.get("stdout_lines") or [])
+                found = re.search(r"Literal data: ([\d,]+) bytes", text)
+                if found:
+                    return int(found.group(1).replace(",", ""))
+    raise AssertionError("no rsync --stats in the push's result")
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
     """Poll until ``predicate()`` or the timeout; whether it became true."""
     deadline = time.monotonic() + timeout

@@ -36,11 +36,14 @@ from conftest import (
     full_match,
     healthy,
     record,
+    rsync_sent_bytes,
     server_state,
     sh,
     task_started,
     unit_props,
+    unit_sha_and_lkg,
     wait_for,
+    write_shard,
 )
 
 # A change that restarts the server (a new Environment= line), kept for the next tests.
@@ -57,6 +60,10 @@ BACK_ON_LKG = (
     r"its last-known-good state \(engine transformers 5\.6\.0, model revision [0-9a-f]{12}, venv lock "
     r"transformers-cpu\) and serving: gate PASS: .*"
 )
+
+
+# The site-packages of the venv the server runs from.
+VENV_SITE = "$(readlink -f /opt/ml-env)/lib/python3*/site-packages"
 
 
 def main_pid() -> int:
@@ -396,15 +403,6 @@ def test_a_left_over_of_our_own_unit_holds_the_port() -> None:
     assert gone == "gone"
 
 
-def write_shard(path: Path, nbytes: int) -> None:
-    """A safetensors file with one U8 tensor of ``nbytes`` random bytes."""
-    header = json.dumps({"w": {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with path.open("wb") as handle:
-        handle.write(len(header).to_bytes(8, "little") + header)
-        handle.write(os.urandom(nbytes))
-
-
 def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
     """SIGKILL of the controller's rsync in the middle of a model push; the next run resumes."""
     src = workdir / "big-model"
@@ -469,7 +467,7 @@ def test_rsync_killed_mid_sync(deployer: Deployer, workdir: Path) -> None:
         complete = [name for name, size in listing if name.endswith(".safetensors") and "/" not in name]
         current_before = sh("readlink /srv/models/rel-big/current || true").strip()
         second = deployer.run(sync_vars, playbook=str(play), fast_gate=False)
-        sent = _literal_bytes(second)
+        sent = rsync_sent_bytes(second)
         current_after = sh("readlink /srv/models/rel-big/current || true").strip()
     finally:
         sh("rm -rf /srv/models/rel-big /var/lib/model-sync/*rel-big*", check=False)
@@ -506,20 +504,6 @@ def _is_our_rsync(pid: int, src: str) -> bool:
     return bool(cmd) and os.path.basename(cmd[0].decode()) == "rsync" and any(src.encode() in c for c in cmd)
 
 
-def _literal_bytes(run: Any) -> int:
-    """'Literal data' of rsync --stats in the push task's result (bytes really sent)."""
-    for event in run.events:
-        if event.get("_event") == "v2_runner_on_ok" and event["task"]["name"].endswith(
-            "Push the model from the controller into the incoming snapshot"
-        ):
-            for result in event["hosts"].values():
-                text = str(result.get("msg", "")) + "\n".join(result.get("stdout_lines") or [])
-                found = re.search(r"Literal data: ([\d,]+) bytes", text)
-                if found:
-                    return int(found.group(1).replace(",", ""))
-    raise AssertionError("no rsync --stats in the push's result")
-
-
 def power_cut() -> float:
     """Stop the host container within a second (systemd gets no time to stop the server) and start it
     again, as a power cut and a boot; the monotonic time of the cut."""
@@ -543,14 +527,6 @@ def cut_run_outcome(run: Any) -> str:
     if run.rc == 0:
         return "the run went on once the host was back and ended well (rc 0)"
     return f"the run failed (rc {run.rc}: {run.message[:160] or 'no message'})"
-
-
-def unit_sha_and_lkg() -> tuple[str, str]:
-    """sha256 of the unit on disk and of the last-known-good record's copy."""
-    out = sh(
-        f"sha256sum /etc/systemd/system/{UNIT}.service /var/lib/{UNIT}-deploy/last-known-good/unit.service | cut -c1-64"
-    ).split()
-    return out[0], out[1]
 
 
 def test_the_host_loses_power_mid_deploy_and_after_a_deploy(deployer: Deployer) -> None:
@@ -628,15 +604,18 @@ def test_the_host_loses_power_mid_deploy_and_after_a_deploy(deployer: Deployer) 
 
 # The controller killed at each phase of a deploy that changes the unit (its own new mark each),
 # then the same deploy run again. (The unit write is test_controller_killed_mid_deploy_...'s and
-# the model sync test_rsync_killed_mid_sync's.) The rollback phase kills a deploy whose engine
-# refuses to start while the rescue restarts the last-known-good server; its rerun is the
-# previous phase's good deploy. (phase, task it is killed in, seconds after that task began, the
-# killed run's variables, the rerun's variables)
+# the model sync test_rsync_killed_mid_sync's.) The venv phase first takes the transformers
+# package out of the running venv, so that the deploy's ml_env puts it back with pip. The
+# rollback phase kills a deploy whose engine refuses to start while the rescue restarts the
+# last-known-good server; its rerun is the previous phase's good deploy. (phase, task it is
+# killed in, seconds after that task began, the killed run's variables, the rerun's variables)
+MARK_VENV = {"inference_server_environment": {"RELIABILITY_MARK": "venv"}}
 MARK_RESTART = {"inference_server_environment": {"RELIABILITY_MARK": "restart"}}
 MARK_GATE = {"inference_server_environment": {"RELIABILITY_MARK": "gate"}}
 MARK_RECORD = {"inference_server_environment": {"RELIABILITY_MARK": "record"}}
 REFUSES_START = {**MARK_RECORD, "inference_server_overrides": {"--attn-implementation": "no_such_attention"}}
 PHASES = [
+    ("venv", "the venv build", "Install exactly the locked packages", 1.0, MARK_VENV, MARK_VENV),
     ("restart", "the drain and restart of the server", "Restart the server", 1.0, MARK_RESTART, MARK_RESTART),
     ("gate", "the gate", "Run the health gate on the host", 3.0, MARK_GATE, MARK_GATE),
     (
@@ -657,6 +636,11 @@ PHASES = [
     ),
 ]
 
+PHASE_SETUP = {
+    "venv": " (the transformers package taken out of the running venv first)",
+    "rollback": " (a deploy whose engine refuses to start, rolled back)",
+}
+
 
 @pytest.mark.parametrize(
     ("phase", "what", "task", "delay", "killed_vars", "rerun_vars"), PHASES, ids=[p[0] for p in PHASES]
@@ -672,6 +656,8 @@ def test_controller_killed_at_each_phase_then_run_again(
 ) -> None:
     """Kill the controller in one phase; the same (good) deploy again ends serving, gated, recorded."""
     killed_at: dict[str, float] = {}
+    if phase == "venv":
+        sh(f"rm -rf {VENV_SITE}/transformers {VENV_SITE}/transformers-*.dist-info")
 
     def kill_in_phase(event: dict[str, Any], handle: RunHandle) -> None:
         if task_started(event, task) and not killed_at:
@@ -695,7 +681,7 @@ def test_controller_killed_at_each_phase_then_run_again(
         id=f"controller-killed-{phase}",
         fault=f"the controller is killed during {what}",
         how=f"SIGKILL to ansible-playbook and its workers {delay:g} s after the task `{task}` began"
-        + (" (a deploy whose engine refuses to start, rolled back)" if phase == "rollback" else "")
+        + PHASE_SETUP.get(phase, "")
         + "; then the good deploy again",
         happened=f"the run ended with rc {killed.rc}; the unit was {at_kill.get('ActiveState')}, the lock "
         f"{'held' if 'LOCK-HELD' in at_kill['files'] else 'gone'}",
@@ -711,3 +697,5 @@ def test_controller_killed_at_each_phase_then_run_again(
     assert f"RELIABILITY_MARK={mark}" in environ_of(pid)
     assert unit == lkg, "the last-known-good unit is not the running one"
     assert sh(f"test -e /var/lib/{UNIT}-deploy/last-known-good.staged && echo left || echo none").strip() == "none"
+    if phase == "venv":
+        assert sh(f"ls -d {VENV_SITE}/transformers-*.dist-info").strip(), "the rerun did not put transformers back"

@@ -440,10 +440,21 @@ first checks that the record's venv (`bin/python`), model and drafter directorie
 unit copy exist, and otherwise refuses with one sentence naming what is missing, before any
 link or unit moves (`tests/roles/test_lkg_record.py`).
 
-Proven on a real systemd host by `molecule/default/tests/test_watchdog.py` (a SIGSTOPped main
-process restarted by one watchdog run through the drain; a crash loop from a runtime drop-in
-recorded by `OnFailure=` and brought back by the watchdog; the metrics read back), which
-prints the seconds of each part; the program's decisions (deadline, failures in a row, the
+**A disk that fills**: model_sync checks the host's free space against the model's bytes to
+fetch plus `model_sync_disk_reserve_mib` before it copies, and ml_env against the lock's wheels
+(the wheelhouse's files) times `ml_env_unpack_factor` (4; the rehearsal's venv is 4.0x its
+wheels) plus `ml_env_disk_reserve_mib`, less what a half-built venv already holds, before pip
+starts (an install from an index has no sizes to read first: only the reserve is checked). A
+disk that another writer fills after the check fails the run with one sentence that names the
+disk and says what to do; nothing is switched (`current`, `ml_env_path`), and the next run
+resumes the copy or completes the venv: the Faults rows `disk-full-sync` and `disk-full-venv`,
+on a 256 MiB tmpfs filled as the copy begins.
+
+Proven on a real systemd host by the Faults table's rows `hang-between-deploys` (a SIGSTOPped
+main process restarted by one watchdog run through the drain) and `crash-loop` (a runtime
+drop-in that fails every start, recorded by `OnFailure=` and brought back by the watchdog
+after its back-off), with the metrics read back; the timer and the unit's ordering by
+`molecule/default/tests/test_watchdog.py`; the program's decisions (deadline, failures in a row, the
 deploy lock, the back-off, the key never printed) by `tests/roles/test_serving_watch.py`.
 """
 

@@ -91,7 +91,17 @@ def render(tmp_path: Path, *args: str, results: dict = RESULTS) -> subprocess.Co
     path = tmp_path / "results.json"
     path.write_text(json.dumps(results))
     return subprocess.run(
-        [sys.executable, str(TOOL), "--results", str(path), "--out", str(tmp_path / "page.md"), *args],
+        [
+            sys.executable,
+            str(TOOL),
+            "--results",
+            str(path),
+            "--out",
+            str(tmp_path / "page.md"),
+            "--fleet-results",
+            str(tmp_path / "no-fleet.json"),
+            *args,
+        ],
         capture_output=True,
         text=True,
     )
@@ -112,7 +122,7 @@ def test_the_tables_hold_the_rows_with_pipes_escaped(tmp_path):
     assert "| crash | kill -9 | died | rolled back Message: `Deploy step failed` | 23.8 | test_crash |" in page
     assert "| refused it | no outage: the server was never down | test_two |" in page
     assert "| play output | 9 runs | 0 |" in page
-    assert "7 rows from the scenario's tests, 1 of them not as expected** (2 bad input, 2 faults" in page
+    assert "7 rows from the scenarios' tests, 1 of them not as expected** (2 bad input, 2 faults" in page
     assert "commit `abc1234`" in page and "pytest exit status 1." in page
 
 
@@ -144,7 +154,7 @@ def test_a_files_rule_counts_by_the_tests_verdict(tmp_path):
         results = dict(RESULTS, rows=RESULTS["rows"] + [dict(rule, ok=ok, outcome="passed")])
         assert render(tmp_path, results=results).returncode == 0
         assert (
-            f"8 rows from the scenario's tests, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
+            f"8 rows from the scenarios' tests, {counted} of them not as expected" in (tmp_path / "page.md").read_text()
         )
 
 
@@ -154,7 +164,7 @@ def test_a_row_whose_test_failed_or_never_ended_is_not_as_expected(tmp_path):
         rows = [dict(r, outcome=outcome) if r.get("fault") == "crash" else r for r in RESULTS["rows"]]
         assert render(tmp_path, results=dict(RESULTS, rows=rows)).returncode == 0
         page = (tmp_path / "page.md").read_text()
-        assert "7 rows from the scenario's tests, 2 of them not as expected" in page
+        assert "7 rows from the scenarios' tests, 2 of them not as expected" in page
         assert f"test_crash: **NOT PASSED** ({outcome or 'no outcome'})" in page
 
 
@@ -206,7 +216,7 @@ def test_the_gateway_rows_carry_the_rolling_figures_and_say_so_when_missing(tmp_
     assert "| a good change rolled over every host (the drain) |" in page and "| 500 | 0 | 0 |" in page
     assert "molecule-fleet-1 failed its start" in page and "| 200 | 0 | 0 |" in page
     assert "| the gateway in front of the fleet |" in page and "| 812 | 0 | 0 |" in page
-    assert "7 rows from the scenario's tests, 1 of them not as expected" in page
+    assert "7 rows from the scenarios' tests, 1 of them not as expected" in page
     assert render(tmp_path, "--rolling", str(tmp_path / "none.json")).returncode == 0
     assert "Not measured yet" in (tmp_path / "page.md").read_text()
 
@@ -229,3 +239,31 @@ def test_the_committed_page_is_the_rendering_of_the_committed_results():
         text=True,
     )
     assert proc.returncode == 0, proc.stderr + " (run make reliability, or tools/reliability-report on the results)"
+
+
+def test_the_fleet_scenarios_fault_rows_join_the_faults_and_are_counted(tmp_path):
+    fleet = tmp_path / "fleet.json"
+    row = {
+        "table": "faults",
+        "id": "controller-killed-put-back",
+        "fault": "the controller is killed while the gateway puts a host back",
+        "how": "SIGKILL at the put-back",
+        "happened": "host 1 out of the gateway",
+        "host_did": "the rerun put it back",
+        "recover_s": 21.5,
+        "test": "molecule/fleet/tests/test_fleet.py::test_put_back",
+        "outcome": "passed",
+    }
+    fleet.write_text(json.dumps({"schema": 1, "generated": "2026-12-03T23:00:00Z", "commit": "abc1234", "rows": [row]}))
+    assert render(tmp_path, "--fleet-results", str(fleet)).returncode == 0
+    page = (tmp_path / "page.md").read_text()
+    assert "8 rows from the scenarios' tests, 1 of them not as expected** (2 bad input, 3 faults" in page
+    assert "| the controller is killed while the gateway puts a host back | SIGKILL at the put-back |" in page
+    assert "| 21.5 | test_put_back |" in page
+    assert "The fleet's 1 fault row(s) come from molecule/fleet" in page and "commit `abc1234`" in page
+    # A failed fleet test is a row not as expected, as any other.
+    fleet.write_text(json.dumps({"schema": 1, "generated": "x", "rows": [dict(row, outcome="failed")]}))
+    assert render(tmp_path, "--fleet-results", str(fleet)).returncode == 0
+    page = (tmp_path / "page.md").read_text()
+    assert "8 rows from the scenarios' tests, 2 of them not as expected" in page
+    assert "test_put_back: **NOT PASSED** (failed)" in page

@@ -6,7 +6,9 @@ and changes and restarts nothing on the third."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
 from verify_steps import failed_output, recorded  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[3]
 HOSTS = ["molecule-fleet-1", "molecule-fleet-2", "molecule-fleet-3"]
 GATEWAY = "molecule-fleet-gw"
 KEY = "fleet-rehearsal-control-plane-key-0001"
@@ -91,6 +94,107 @@ def test_the_next_deploy_puts_the_failed_host_back_into_the_gateway():
     assert summary["status"] == "OK"
     assert summary["hosts"][HOSTS[0]]["gate"]["decode_tps"] > 0
     assert routable(run) == set(HOSTS)
+
+
+def lkg_sha(record: dict, host: str) -> str:
+    """sha256 of the host's last-known-good unit ("none" without a record)."""
+    return record[host][2]
+
+
+# The rows this scenario adds to docs/reliability.md's faults (tools/reliability-report reads
+# the committed copy, docs/reliability-results-fleet.json; copy this file there after a change).
+FAULT_ROWS = REPO / "artifacts" / "fleet" / "faults.json"
+COMMITTED_ROWS = REPO / "docs" / "reliability-results-fleet.json"
+
+
+def write_fault_rows(rows: list[dict]) -> None:
+    """Write the scenario's fault rows in the reliability scenario's results schema."""
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    FAULT_ROWS.parent.mkdir(parents=True, exist_ok=True)
+    FAULT_ROWS.write_text(
+        json.dumps(
+            {
+                "schema": 1,
+                "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "commit": commit,
+                "scenario": "molecule/fleet",
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def test_controller_killed_while_the_gateway_puts_a_host_back_then_the_rerun_puts_it_back(request):
+    """Killed as the put-back starts (host 1 restarted, gated, recorded, out of the gateway): the same deploy again
+    ends with host 1 routable, serving, and its last-known-good unit equal to the running one.
+
+    Its row goes to the reliability page's faults, with this test's outcome."""
+    killed, rerun = step("killed_at_put_back"), step("put_back_rerun")
+    host = HOSTS[0]
+    # The recorded output joins stdout and stderr with a literal backslash-n (fleet_step.yml).
+    lines = killed["output"].replace("\\n", "\n").splitlines()
+    kill_line = next((line for line in lines if line.startswith("kill-at-task: killed")), "")
+    out_after_kill = host not in routable(killed)
+    restarted = started(killed["after"], host) != started(killed["before"], host)
+    recorded_good = lkg_sha(killed["after"], host) == unit_sha(killed["after"], host)
+    good_after_rerun = lkg_sha(rerun["after"], host) == unit_sha(rerun["after"], host)
+    row = {
+        "table": "faults",
+        "id": "controller-killed-put-back",
+        "fault": "the controller's run is killed while the gateway puts a host back, and run again",
+        "how": "molecule/fleet (3 hosts behind smg 1.13.0): a change that restarts host 1 alone (one more "
+        "Environment= line); SIGKILL to ansible-playbook and its workers as deploy.yml entered 'Put the host back in "
+        "the gateway' (gateway/tasks/worker_in.yml), after the gate passed and the last-known-good state was recorded; "
+        "then the same deploy",
+        "happened": f"{kill_line.removeprefix('kill-at-task: ')}; host 1 ran the new unit "
+        f"({'restarted' if restarted else 'NOT restarted'}), its last-known-good unit "
+        f"{'equal to' if recorded_good else 'NOT'} the running one, and it was "
+        f"{'out of the gateway' if out_after_kill else 'already routable'}; "
+        f"the gateway routed to {len(routable(killed))} of 3 hosts",
+        "host_did": "the rerun took over the dead run's lock, restarted nothing on host 1, gated it and put it back: "
+        f"the gateway routes to {len(routable(rerun))} of 3 hosts, host 1's last-known-good unit "
+        f"{'equals' if good_after_rerun else 'DIFFERS FROM'} the running one",
+        "recover_s": round(rerun["ended"] - killed["ended"], 1),
+        "rc": rerun["rc"],
+        "test": request.node.nodeid,
+        "outcome": "failed",
+    }
+    try:
+        assert kill_line and killed["rc"] == 137, killed["output"][-3000:]
+        assert "Put the host back in the gateway" in kill_line
+        assert restarted and recorded_good and out_after_kill, killed["gateway_workers"]
+        for other in HOSTS[1:]:
+            assert killed["after"][other] == killed["before"][other], f"{other} was touched"
+        assert rerun["rc"] == 0, rerun["output"][-3000:]
+        assert "Took over the deploy lock" in rerun["output"]
+        assert "gate PASS" in rerun["output"] and routable(rerun) == set(HOSTS)
+        # Nothing to restart: the killed run had already switched, gated and recorded host 1.
+        assert started(rerun["after"], host) == started(rerun["before"], host)
+        assert good_after_rerun and lkg_sha(rerun["after"], host) != "none"
+        row["outcome"] = "passed"
+    finally:
+        write_fault_rows([row])
+
+
+def test_the_fleet_rows_and_their_outcomes_are_those_of_the_committed_page():
+    """The rows just written must be those of docs/reliability-results-fleet.json (timings aside)."""
+    check = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "reliability-report"),
+            "--results",
+            str(FAULT_ROWS),
+            "--check-rows",
+            str(COMMITTED_ROWS),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_noop_host_of_a_nightly_run_changes_and_restarts_nothing_and_still_measures():

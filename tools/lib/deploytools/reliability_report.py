@@ -2,6 +2,7 @@
 
     tools/reliability-report [--results artifacts/reliability/results.json] [--out docs/reliability.md]
                              [--rolling bench/results/rolling_deploy.json]
+                             [--fleet-results docs/reliability-results-fleet.json]
 
 ``molecule test -s reliability`` (or ``make reliability``, which also runs this) writes the
 results: one row per case, each with the exact message, whether the running server was left
@@ -9,7 +10,9 @@ untouched, and the measured seconds. This program only formats them; the prose a
 tables (design, limits, the GPU check) lives here too, so the page is regenerated whole.
 The section on rolling deploys through the gateway has hand-written rows whose figures come
 from ``--rolling`` (``bench/rolling_deploy report``, run by the fleet scenario); without
-that file the section says it was not measured.
+that file the section says it was not measured. ``--fleet-results`` adds the fault rows that
+the fleet scenario's verify writes (a controller killed while the gateway puts a host back),
+which need three hosts and a gateway; they are counted with the others.
 With ``--check`` it exits 1 when the page on disk differs from what the results give.
 With ``--check-rows COMMITTED`` it writes nothing and exits 1 when the results' rows or their
 outcomes differ from those of COMMITTED (docs/reliability-results.json), timings aside: the
@@ -56,13 +59,18 @@ on the 2-core CI machine, plus about 1.5 min to create, converge and destroy the
 Run of {generated}, commit `{commit}`, {cpus} CPUs (load average {load} when it ended),
 image `{image}`, pytest exit status {exit_status}.
 
-**{rows} rows from the scenario's tests, {failed} of them not as expected** ({counts}).
+**{rows} rows from the scenarios' tests, {failed} of them not as expected** ({counts}).
 A row is as expected when the test named in it passed and its own verdict holds; the verify
 fails when the rows or their outcomes differ from this page's results
-(docs/reliability-results.json). The hand-written rows (the launch plan's, the drafters', the
+(docs/reliability-results.json).{fleet} The hand-written rows (the launch plan's, the drafters', the
 exposure's, the gateway's and the adoption's sections) are listed apart and not counted.
 
 """
+
+FLEET = """
+The fleet's {rows} fault row(s) come from molecule/fleet (three hosts behind the gateway), run of
+{generated}, commit `{commit}`: its verify writes artifacts/fleet/faults.json and fails when
+they differ from docs/reliability-results-fleet.json (copy the file there after a change)."""
 
 BAD_INPUT = """\
 ## Bad input
@@ -611,9 +619,10 @@ def rolling_rows(rolling: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> str:
-    """The whole page."""
-    rows = results["rows"]
+def render(results: dict[str, Any], rolling: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None) -> str:
+    """The whole page; ``fleet``'s rows (molecule/fleet's faults) join the reliability scenario's."""
+    fleet_rows = (fleet or {}).get("rows", [])
+    rows = results["rows"] + fleet_rows
     by = {
         name: [r for r in rows if r["table"] == name]
         for name in ("bad_input", "faults", "secrets", "secrets_on_purpose", "files")
@@ -631,6 +640,9 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None) -> st
             counts=", ".join(f"{len(v)} {k.replace('_', ' ')}" for k, v in by.items() if v),
             exit_status=results.get("pytest_exit_status", "not recorded"),
             failed=not_as_expected(rows),
+            fleet=FLEET.format(rows=len(fleet_rows), generated=fleet["generated"], commit=fleet.get("commit", "?"))
+            if fleet_rows and fleet
+            else "",
         )
     ]
     bad_rows = [
@@ -689,6 +701,12 @@ def main(argv: list[str] | None = None) -> int:
         default=REPO / "bench" / "results" / "rolling_deploy.json",
         help="bench/rolling_deploy's figures for the gateway section (optional)",
     )
+    parser.add_argument(
+        "--fleet-results",
+        type=Path,
+        default=REPO / "docs" / "reliability-results-fleet.json",
+        help="molecule/fleet's fault rows (artifacts/fleet/faults.json, committed as this file; optional)",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when --out differs from the rendering")
     parser.add_argument(
         "--check-rows",
@@ -734,7 +752,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"reliability-report: the {len(results['rows'])} rows and their outcomes are those of {args.check_rows}")
         return 0
-    page = render(results, rolling)
+    try:
+        fleet = json.loads(args.fleet_results.read_text()) if args.fleet_results.exists() else None
+    except ValueError as exc:
+        print(f"reliability-report: cannot read {args.fleet_results}: {exc}", file=sys.stderr)
+        return 2
+    page = render(results, rolling, fleet)
     if args.check:
         current = args.out.read_text() if args.out.exists() else ""
         if current != page:

@@ -81,9 +81,13 @@ prereqs: ## docker, debootstrap and rsync (apt, when root) and a running docker 
 # ansible package's collections alone are tens of thousands of files), which took longer than
 # the install itself; Python compiles what it imports on first use and keeps it. This venv:
 # 68 s -> 26 s on the 2-core machine, pip's cache warm (issue 23).
-$(VENV)/.installed: requirements/controller.txt
+# Then the repository's own package, deploytools (pyproject.toml), editable: filter_plugins/,
+# the tools and the tests import it from the venv, and a change to its code needs no reinstall.
+# Built with the venv's setuptools (pinned in the lock), without fetching a build environment.
+$(VENV)/.installed: requirements/controller.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --no-compile -r requirements/controller.txt
+	$(VENV)/bin/pip install -q --no-compile --no-deps --no-build-isolation -e .
 	touch $@
 
 collections: $(VENV)/.installed ## make the collections in requirements.yml available (offline-safe)

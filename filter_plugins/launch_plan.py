@@ -1,227 +1,23 @@
-"""Launch plan: derive an inference engine's argv and environment from the model it serves.
+"""Ansible filters ``launch_plan`` and ``memory_budget`` (documented in launch_plan.yml).
 
-The origin story of this repository failed because the flags a hybrid model needs were
-remembered rather than derived, and the first check was a running server falling over.
-``launch_plan`` turns what is known about a host (the model's ``config.json``, the GPUs,
-the engine version) plus the operator's settings and overrides into the engine's argv,
-its environment and human-readable notes, and refuses, with one sentence naming the
-variable to change, every combination the engine would refuse at start-up.
-
-    {{ model_sync_config | launch_plan(engine='sglang', engine_version='0.5.11',
-                                       venv_dir=..., model_path=..., host=..., port=...,
-                                       gpus=preflight_gpus, weights_bytes=...,
-                                       settings=inference_server_settings,
-                                       overrides=inference_server_overrides,
-                                       environment=inference_server_environment,
-                                       cache_dir=inference_server_cache_dir) }}
-
-``env`` is the whole environment of the server: the derived variables (caches,
-``SGLANG_ENABLE_SPEC_V2``, ...) with ``inference_server_environment`` merged in (``null``
-removes a derived one), so the engine's check on the host sees what the unit will run.
-
-Unknown flags are refused offline: ``launch_plan_flags/<engine>-<version>.json`` lists
-every flag of the engine's real parser (written by
-``roles/inference_server/files/check-launch-args.py --dump-flags``; a test keeps it equal
-to what that parser accepts).
-
-The plan is split by concern, one file each beside this one (Ansible loads every file of
-filter_plugins as a filter plugin; only this one and the budget's have filters):
-``launch_plan_model.py`` (what config.json says), ``launch_plan_common.py`` (flag tables,
-settings, overrides, environment), ``launch_plan_sglang.py`` (the SGLang plan),
-``launch_plan_budget.py`` (SGLang's memory budget), ``launch_plan_draft.py`` (the drafter) and
-``launch_plan_rehearsal.py`` (``transformers serve``).
-
-The modules only need the standard library; Ansible is imported when present so that the
-filter raises ``AnsibleFilterError``.
+The plan and the budget are the package ``deploytools.launch_plan`` (tools/lib, installed in
+the controller's venv by ``make setup``); these filters turn its refusals into
+AnsibleFilterError.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
-try:  # Ansible is optional: tools and tests import this module directly.
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # pragma: no cover - exercised only without ansible-core
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
-
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-import launch_plan_budget as budget  # noqa: E402, F401  (tests reach the budget as launch_plan.budget)
-import launch_plan_draft as draft  # noqa: E402, F401  (and the drafter as launch_plan.draft)
-from launch_plan_common import (  # noqa: E402, F401  (the names callers of launch_plan.py use)
-    FLAG_TABLE_DIR,
-    SETTINGS,
-    PlanError,
-    PlanInput,
-    check_setting_types,
-    load_flag_table,
-)
-from launch_plan_engines import engine_version as engine_version_facts  # noqa: E402
-from launch_plan_model import model_facts  # noqa: E402
-from launch_plan_rehearsal import plan_transformers  # noqa: E402
-from launch_plan_sglang import plan_sglang  # noqa: E402
-from systemd_unit import CONTROL_CHARACTERS  # noqa: E402  (a newline in a unit's value starts a new unit line)
-
-ENGINES = ("sglang", "transformers")
-
-
-def build_plan(
-    model_config: Mapping[str, Any],
-    *,
-    engine: str,
-    engine_version: str,
-    venv_dir: str,
-    model_path: str,
-    host: str,
-    port: int | str,
-    gpus: Sequence[Mapping[str, Any]] | None = None,
-    weights_bytes: int | None = None,
-    settings: Mapping[str, Any] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    environment: Mapping[str, Any] | None = None,
-    cache_dir: str | None = None,
-    api_key_file: str | None = None,
-    allow_unenforced_api_key: bool = False,
-    logging_config_file: str | None = None,
-    draft_config: Mapping[str, Any] | None = None,
-    draft_path: str | None = None,
-    draft_weights_bytes: int | None = None,
-    table_dir: Path = FLAG_TABLE_DIR,
-) -> dict[str, Any]:
-    """Return ``{"argv", "env", "notes"}`` for one host or raise :class:`PlanError`.
-
-    ``api_key_file`` is the path of the file holding the API key when one is set (never the
-    key itself: the plan is printed and stored, the key must not be). With it and
-    ``logging_config_file``, an SGLang plan also has ``logging_config``: the JSON the role
-    writes to that path so that SGLang does not log the key.
-    """
-    if engine not in ENGINES:
-        raise PlanError(f"inference_server_engine is {engine!r}: use one of {', '.join(ENGINES)}.")
-    if not engine_version:
-        raise PlanError(
-            "ml_env_engine_version is empty: the ml_env role records the installed engine "
-            "version, run it first (or give offline_plan.engine_version)."
-        )
-    for name, value in (
-        ("ml_env_venv_dir", venv_dir),
-        ("model_sync_model_dir", model_path),
-        ("inference_server_host", host),
-    ):
-        if not isinstance(value, str) or not value:
-            raise PlanError(f"{name} is empty: it must be a path or address before the launch can be planned.")
-    try:
-        port_number = int(port)
-    except (TypeError, ValueError):
-        port_number = 0
-    if isinstance(port, bool) or not 0 < port_number < 65536:
-        raise PlanError(f"inference_server_port is {port!r}: use a TCP port between 1 and 65535.")
-    if not isinstance(settings or {}, Mapping):
-        raise PlanError(
-            "inference_server_settings must be a mapping of setting names to values: "
-            "see docs/launch-plan.md for the keys."
-        )
-    if not isinstance(overrides or {}, Mapping):
-        raise PlanError(
-            "inference_server_overrides must be a mapping of '--flag' to a value "
-            "(true for a bare flag, null or false to remove one)."
-        )
-    if not isinstance(environment or {}, Mapping):
-        raise PlanError("inference_server_environment must be a mapping of variable names to values.")
-    settings = dict(settings or {})
-    check_setting_types(engine, settings)
-    if weights_bytes is not None:
-        try:
-            weights_bytes = int(weights_bytes)
-        except (TypeError, ValueError):
-            raise PlanError(
-                f"model_sync_weights_bytes is {weights_bytes!r}, not a number of bytes: check what model_sync recorded."
-            ) from None
-    facts = model_facts(model_config)
-    table = load_flag_table(engine, str(engine_version), table_dir)
-    table.renamed = engine_version_facts(engine, str(engine_version)).renamed_flags
-    if weights_bytes is not None and draft_path and draft_weights_bytes:  # the drafter shares the GPUs
-        weights_bytes += int(draft_weights_bytes)
-    given = PlanInput(
-        engine_version=str(engine_version),
-        venv_dir=venv_dir,
-        model_path=model_path,
-        host=host,
-        port=port_number,
-        settings=settings,
-        overrides=dict(overrides or {}),
-        environment=dict(environment or {}),
-        cache_dir=cache_dir,
-        table=table,
-        api_key_file=api_key_file or None,
-        allow_unenforced_api_key=bool(allow_unenforced_api_key),
-        logging_config_file=logging_config_file or None,
-        drafter={"model_config": model_config, "draft_config": draft_config, "draft_path": draft_path or None},
-        gpus=gpus,
-        weights_bytes=weights_bytes,
-        model_config=model_config,
-    )
-    plan = (plan_sglang if engine == "sglang" else plan_transformers)(facts, given)
-    plan["notes"] = [facts.summary()] + plan["notes"] + ([table.note] if table.note else [])
-    if cache_dir:
-        plan["notes"].append(f"JIT and compile caches under {cache_dir.rstrip('/')}")
-    origins = {
-        "the model's config.json": model_config,
-        "the drafter's config.json": draft_config or {},
-        "inference_server_settings": settings,
-        "inference_server_overrides": overrides or {},
-        "inference_server_environment": environment or {},
-    }
-    _refuse_control_characters(plan, origins)
-    return plan
-
-
-def _strings(value: Any, path: str) -> list[tuple[str, str]]:
-    """Every string in ``value`` (keys and values, nested), with where it sits."""
-    if isinstance(value, str):
-        return [(path, value)]
-    found: list[tuple[str, str]] = []
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            found += _strings(str(key), f"{path} (a key)") + _strings(item, f"{path}[{key!r}]")
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found += _strings(item, f"{path}[{index}]")
-    return found
-
-
-def _refuse_control_characters(plan: Mapping[str, Any], origins: Mapping[str, Any]) -> None:
-    """Refuse a plan whose argv, environment or notes hold a control character, naming the
-    input it came from (the model's config.json is not trusted: it may come from a hub)."""
-    rendered = [(f"argument {i} of the launch", str(word)) for i, word in enumerate(plan["argv"])]
-    rendered += [(f"the environment variable {name}", str(value)) for name, value in plan["env"].items()]
-    rendered += [("a note of the plan", str(note)) for note in plan["notes"]]
-    for where, text in rendered:
-        bad = CONTROL_CHARACTERS.search(text)
-        if not bad:
-            continue
-        source = next(
-            (
-                path
-                for name, value in origins.items()
-                for path, found in _strings(value, name)
-                if CONTROL_CHARACTERS.search(found) and (found in text or text in found)
-            ),
-            "the launch plan",
-        )
-        raise PlanError(
-            f"{where} holds the control character {bad.group()!r} ({text[:160]!r}), which would break the "
-            f"unit's lines: it comes from {source}; remove it there before anything is written."
-        )
+from ansible.errors import AnsibleFilterError
+from deploytools.launch_plan.budget import Launch, compute_budget, geometry
+from deploytools.launch_plan.errors import PlanError
+from deploytools.launch_plan.plan import build_plan
 
 
 def launch_plan(model_config: Mapping[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """Ansible filter entry point: the arguments of :func:`build_plan`, refusals as AnsibleFilterError."""
+    """The arguments of :func:`build_plan`, refusals as AnsibleFilterError."""
     try:
         return build_plan(model_config, **kwargs)
     except PlanError as err:
@@ -230,9 +26,17 @@ def launch_plan(model_config: Mapping[str, Any], **kwargs: Any) -> dict[str, Any
         raise AnsibleFilterError(f"launch_plan: {err}") from None
 
 
+def memory_budget(model_config: Mapping[str, Any], **launch: Any) -> dict[str, Any]:
+    """The budget of one launch (keyword arguments: the fields of :class:`Launch`)."""
+    try:
+        return compute_budget(geometry(model_config), Launch(**launch)).as_dict()
+    except (TypeError, PlanError) as err:  # an unknown keyword, or rules= naming no set of rules
+        raise AnsibleFilterError(f"memory_budget: {err}") from None
+
+
 class FilterModule:
-    """Ansible filters for the inference server's launch plan."""
+    """Ansible filters for the inference server's launch plan and its memory budget."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         """Map filter names to functions."""
-        return {"launch_plan": launch_plan}
+        return {"launch_plan": launch_plan, "memory_budget": memory_budget}

@@ -3,8 +3,9 @@
 The tests sit in one folder per component (launch_plan/, health_gate/, model_sync/, nightly/,
 gateway/, bakeoff/, roles/, tools/), each with its own conftest.py for that component's
 fixtures. What several folders use is here or in shared/ (put on ``sys.path`` below):
-the gate's fakes (``gate_fakes``) and the rehearsal engine (``rehearsal_engine``). The tools'
-code is imported from ``deploytools`` (tools/lib).
+the gate's fakes (``gate_fakes``) and the rehearsal engine (``rehearsal_engine``). The
+controller's code (the launch plan, the tools') is the package ``deploytools``, installed in
+the venv (pyproject.toml, ``make setup``).
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # Each test file's seconds in the last measured run (the order below); --record-durations writes it.
 DURATIONS = REPO / "tests" / "durations.json"
-# Filter plugins and the tools' package (tools/lib/deploytools) are plain Python modules:
-# make them importable, and the helpers the test folders share (tests/shared).
-for sub in ("filter_plugins", "tools/lib", "tests/shared"):
-    sys.path.insert(0, str(REPO / sub))
+# The helpers the test folders share (tests/shared). The controller's package, deploytools
+# (tools/lib), comes installed in the venv by make setup (pyproject.toml).
+sys.path.insert(0, str(REPO / "tests" / "shared"))
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures of the launch-plan tests (tests/launch_plan: filter_plugins/launch_plan*.py, the engines' own
+"""Fixtures of the launch-plan tests (tests/launch_plan: deploytools.launch_plan and its filters, the engines' own
 checks, the API key, the systemd rendering).
 
 The engine venvs are real: ``sglang_check_venv`` builds ``$DEPLOY_CACHE_DIR/venvs/sglang-check-0.5.11``
@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from deploytools.launch_plan import plan as plan_module
 from launch_plan_cases import (
     BUILD_CHECK_VENV,
     CHECK_SCRIPT,
@@ -68,14 +68,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def launch_plan() -> ModuleType:
-    """filter_plugins/launch_plan.py, imported as a module."""
-    path = REPO / "filter_plugins" / "launch_plan.py"
-    spec = importlib.util.spec_from_file_location("launch_plan", path)
+    """The plan's entry point, deploytools.launch_plan.plan (build_plan, PlanError, its parts)."""
+    return plan_module
+
+
+@pytest.fixture(scope="session")
+def plan_filters() -> dict[str, Callable[..., Any]]:
+    """The Ansible filters of filter_plugins/launch_plan.py, loaded from the file as Ansible does."""
+    spec = importlib.util.spec_from_file_location(
+        "ansible_launch_plan_filters", REPO / "filter_plugins" / "launch_plan.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules["launch_plan"] = module
     spec.loader.exec_module(module)
-    return module
+    return module.FilterModule().filters()
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from deploytools.launch_plan.errors import PlanError
+from deploytools.launch_plan.plan import build_plan
 from gate_fakes import base_options, llm_gate
-from launch_plan import PlanError, build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-unit-test-key-4f1c9a"

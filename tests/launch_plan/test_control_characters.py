@@ -7,7 +7,7 @@ import copy
 from typing import Any
 
 import pytest
-from systemd_unit import systemd_env_line, systemd_exec_lines, systemd_quote
+from deploytools.systemd_unit import systemd_env_line, systemd_exec_lines, systemd_quote
 
 INJECTION = "\nExecStartPre=+/usr/bin/touch /tmp/pwned\n"
 

@@ -413,10 +413,10 @@ def test_tp2_is_accepted_where_tp1_is_refused(launch_plan, qwen_config, ct129_kw
     assert plan["argv"][plan["argv"].index("--tensor-parallel-size") + 1] == "2"
 
 
-def test_the_filter_raises_ansible_errors(launch_plan, qwen_config, ct129_kwargs):
+def test_the_filter_raises_ansible_errors(plan_filters, qwen_config, ct129_kwargs):
     from ansible.errors import AnsibleFilterError
 
-    filters = launch_plan.FilterModule().filters()
+    filters = plan_filters
     assert filters["launch_plan"](qwen_config, **ct129_kwargs)["argv"] == CT129_ARGV
     with pytest.raises(AnsibleFilterError, match="set it to 2"):
         filters["launch_plan"](qwen_config, **settings_with(ct129_kwargs, tensor_parallel_size=1))
@@ -435,24 +435,29 @@ def test_the_filter_has_one_call_site() -> None:
         assert any(task.get("ansible.builtin.import_tasks") == "launch_plan.yml" for task in tasks), name
 
 
-def test_every_part_of_the_plan_is_a_filter_plugin_without_filters() -> None:
+def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
     """Ansible loads every file of filter_plugins under a name of its own, in whatever order: each
-    part loads alone, in a fresh interpreter, and adds no filter."""
+    loads alone, in a fresh interpreter of the controller's venv (the package comes installed)."""
     load = (
         "import importlib.util, sys\n"
-        "spec = importlib.util.spec_from_file_location('ansible_part', sys.argv[1])\n"
-        "module = sys.modules['ansible_part'] = importlib.util.module_from_spec(spec)\n"
+        "spec = importlib.util.spec_from_file_location('ansible_plugin', sys.argv[1])\n"
+        "module = sys.modules['ansible_plugin'] = importlib.util.module_from_spec(spec)\n"
         "spec.loader.exec_module(module)\n"
-        "print(module.FilterModule().filters())\n"
+        "print(sorted(module.FilterModule().filters()))\n"
     )
-    for part in ("launch_plan_common", "launch_plan_model", "launch_plan_sglang", "launch_plan_rehearsal"):
+    expected = {
+        "launch_plan": "['launch_plan', 'memory_budget']",
+        "systemd_unit": "['systemd_env_line', 'systemd_exec_lines', 'systemd_quote', 'systemd_text']",
+        "model_layout": "['model_current_link', 'model_serving_path']",
+    }
+    for name, filters in expected.items():
         proc = subprocess.run(
-            [sys.executable, "-c", load, str(REPO / "filter_plugins" / f"{part}.py")],
+            [sys.executable, "-c", load, str(REPO / "filter_plugins" / f"{name}.py")],
             capture_output=True,
             text=True,
             check=False,
         )
-        assert (proc.returncode, proc.stdout) == (0, "{}\n"), f"{part}: {proc.stderr[-2000:]}"
+        assert (proc.returncode, proc.stdout) == (0, filters + "\n"), f"{name}: {proc.stderr[-2000:]}"
 
 
 # --------------------------------------------------------------------------------------

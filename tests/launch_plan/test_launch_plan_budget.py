@@ -1,4 +1,4 @@
-"""The memory budget (filter_plugins/launch_plan_budget.py) against SGLang 0.5.11's own figures.
+"""The memory budget (tools/lib/deploytools/launch_plan/budget.py) against SGLang 0.5.11's own figures.
 
 SGLang logged its pools for Qwen3.6-27B at real size on one H200
 (tests/launch_plan/fixtures/sglang_realsize_h200_logged.json, from a bench/realsize run);
@@ -298,8 +298,8 @@ def test_explicit_values_are_kept_and_checked(launch_plan, qwen_config, ct129_kw
     assert plan["budget"]["max_running"] == 6
 
 
-def test_the_memory_budget_filter(budget, qwen_config):
-    filters = budget.FilterModule().filters()
+def test_the_memory_budget_filter(plan_filters, qwen_config):
+    filters = plan_filters
     # fmt: off
     result = filters["memory_budget"](qwen_config, gpu_memory_mib=143771, tp=1, weights_bytes=LOGGED["weights_bytes"],
                                       max_running_requests=8, mem_fraction_static=0.5,

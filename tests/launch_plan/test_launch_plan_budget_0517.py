@@ -1,4 +1,4 @@
-"""The memory budget by SGLang 0.5.17's rules (filter_plugins/launch_plan_pools.py ``RULES["0.5.17"]``)
+"""The memory budget by SGLang 0.5.17's rules (tools/lib/deploytools/launch_plan/pools.py ``RULES["0.5.17"]``)
 against what SGLang 0.5.17 logged.
 
 SGLang 0.5.17 started the bench's cases at Qwen3.6-27B's real size on one H200
@@ -42,8 +42,8 @@ def budget(launch_plan: ModuleType) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def common(launch_plan: ModuleType) -> ModuleType:
-    """launch_plan_common.py, as launch_plan.py imported it."""
-    return importlib.import_module("launch_plan_common")
+    """deploytools.launch_plan.common."""
+    return importlib.import_module("deploytools.launch_plan.common")
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_unknown_rules_are_refused(budget, geo):
     [("0.5.11", "0.5.11"), ("0.5.12", "0.5.11"), ("0.5.17", "0.5.17"), ("0.5.19", "0.5.17"), ("0.5.23", "0.5.11")],
 )
 def test_each_version_has_its_budget_rules(launch_plan, version, rules):
-    engines = importlib.import_module("launch_plan_engines")
+    engines = importlib.import_module("deploytools.launch_plan.engines")
     assert engines.engine_version("sglang", version).budget_rules == rules
 
 

@@ -1,4 +1,4 @@
-"""The drafter part of the launch plan (filter_plugins/launch_plan_draft.py): DFLASH on ct129.
+"""The drafter part of the launch plan (tools/lib/deploytools/launch_plan/draft.py): DFLASH on ct129.
 
 The drafter config is files/models/dflash-drafter-27b.config.json, one SGLang 0.5.11 accepted
 and served beside Qwen3.6-27B's real config on one H200 (bench/realsize, docs/launch-plan.md).
@@ -223,10 +223,6 @@ def test_bad_drafter_is_refused_with_its_message(launch_plan, qwen_config, dflas
         launch_plan.build_plan(qwen_config, **kwargs)
     assert str(err.value) == message
     assert str(err.value).count(". ") == 0, "one sentence"
-
-
-def test_the_draft_module_is_a_filter_plugin_without_filters(launch_plan):
-    assert launch_plan.draft.FilterModule().filters() == {}
 
 
 def test_the_reliability_page_quotes_the_plans_own_sentences(launch_plan, qwen_config, dflash_kwargs, drafter):

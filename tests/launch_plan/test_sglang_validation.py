@@ -50,14 +50,14 @@ def test_sglang_flag_table_is_sglangs_own_parser(sglang_venv, check_script):
     assert proc["rc"] == 0, proc["stderr"][-3000:]
     assert json.loads(proc["stdout"])["version"] == sglang_venv.version
     assert proc["stdout"] == committed, (
-        f"filter_plugins/launch_plan_flags/sglang-{sglang_venv.version}.json is not SGLang's parser: "
+        f"tools/lib/deploytools/launch_plan/flags/sglang-{sglang_venv.version}.json is not SGLang's parser: "
         f"regenerate it with tools/build-sglang-check-venv --dump-flags {sglang_venv.version}"
     )
 
 
 def test_transformers_flag_table_is_transformers_serve(transformers_venv, check_script):
     """The committed transformers table is what transformers serve's click command dumps."""
-    committed = json.loads((REPO / "filter_plugins" / "launch_plan_flags" / "transformers-5.6.0.json").read_text())
+    committed = json.loads((FLAG_TABLES / "transformers-5.6.0.json").read_text())
     proc = check_script(transformers_venv, "transformers", ["--engine", "transformers", "--dump-flags"])
     assert proc["rc"] == 0, proc["stderr"][-3000:]
     assert json.loads(proc["stdout"]) == committed

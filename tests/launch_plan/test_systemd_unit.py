@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 import pytest
-from systemd_unit import systemd_env_line, systemd_exec_lines, systemd_quote
+from deploytools.systemd_unit import systemd_env_line, systemd_exec_lines, systemd_quote
 
 
 def systemd_split(line: str) -> list[str]:

@@ -1,9 +1,9 @@
-"""filter_plugins/model_layout.py: the one derivation of where model_sync serves a model from."""
+"""tools/lib/deploytools/model_layout.py: the one derivation of where model_sync serves a model from."""
 
 from __future__ import annotations
 
 import pytest
-from model_layout import model_current_link, model_serving_path
+from deploytools.model_layout import model_current_link, model_serving_path
 
 
 @pytest.mark.parametrize(

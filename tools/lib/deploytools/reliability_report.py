@@ -188,7 +188,7 @@ against the plan word for word. The rules: docs/launch-plan.md, "DFLASH".
 PLAN_ONLY = """\
 ### Checked by the launch plan offline: the memory budget
 
-These refusals come from the memory budget (filter_plugins/launch_plan_budget.py, docs/launch-plan.md
+These refusals come from the memory budget (tools/lib/deploytools/launch_plan/budget.py, docs/launch-plan.md
 "Memory budget"), which needs the weights' size, so a deploy meets them in `plan.yml` after the
 sync, still before the unit changes. They are not rows of the scenario (its container has no
 weights): `tests/launch_plan/test_launch_plan_budget.py` asserts each sentence word for word with ct129's

@@ -15,39 +15,27 @@ with a CUDA out-of-memory error. This module computes all of that offline, from 
 plan can set ``--mem-fraction-static``, ``--max-running-requests`` and ``--context-length``
 itself, refuse a launch that cannot start or runs fewer requests than the target, and say
 loudly when 0.5.17 will cap what was asked. Each rule names the SGLang function it follows
-(docs/launch-plan.md, "Memory budget"); ``budget_rules`` in launch_plan_engines.json says
+(docs/launch-plan.md, "Memory budget"); ``budget_rules`` in engines.json says
 which version's rules a version follows.
 
-The budget is in three parts: the model's shapes (launch_plan_shapes.py), the budget's
-arithmetic and searches (launch_plan_pools.py) and, here, the plan's side: the rules that pick
+The budget is in three parts: the model's shapes (launch_plan/shapes.py), the budget's
+arithmetic and searches (launch_plan/pools.py) and, here, the plan's side: the rules that pick
 the tensor-parallel size, the launch read from the flags, the choices, the refusals and the
 notes. Every name of the other two parts is importable from here, as callers use it
 (``budget.geometry``, ``budget.compute_budget``, ``budget.PlanError``...).
 
-Pure functions, standard library only. ``PlanError`` (launch_plan_pools.py) is one class for
+Pure functions, standard library only. ``PlanError`` (launch_plan/pools.py) is one class for
 every part. The Ansible filter ``memory_budget`` returns :meth:`Budget.as_dict`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-try:  # Ansible is optional: tools and tests import this module directly.
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # pragma: no cover - exercised only without ansible-core
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
-
 # The model's shapes and the budget's arithmetic, importable from here as callers use them.
-from launch_plan_pools import (  # noqa: E402, F401
+from deploytools.launch_plan.pools import (  # noqa: F401
     BEFORE_POOLS_0517_GIB,
     CONTEXT_STEP,
     CUDA_CONTEXT_0517_GIB,
@@ -79,7 +67,7 @@ from launch_plan_pools import (  # noqa: E402, F401
     slots_per_request,
     vlm_factor,
 )
-from launch_plan_shapes import (  # noqa: E402, F401
+from deploytools.launch_plan.shapes import (  # noqa: F401
     DTYPE_BYTES,
     Geometry,
     embedding_bytes,
@@ -532,19 +520,3 @@ def budget_notes(budget: Budget, flags: Flags, geo: Geometry) -> list[str]:
             "(only NEXTN's MTP head is modelled)"
         )
     return out
-
-
-def memory_budget(model_config: Mapping[str, Any], **launch: Any) -> dict[str, Any]:
-    """Ansible filter: the budget of one launch (keyword arguments: the fields of :class:`Launch`)."""
-    try:
-        return compute_budget(geometry(model_config), Launch(**launch)).as_dict()
-    except (TypeError, PlanError) as err:  # an unknown keyword, or rules= naming no set of rules
-        raise AnsibleFilterError(f"memory_budget: {err}") from None
-
-
-class FilterModule:
-    """Ansible filters for SGLang's memory budget."""
-
-    def filters(self) -> dict[str, Callable[..., Any]]:
-        """Map filter names to functions."""
-        return {"memory_budget": memory_budget}

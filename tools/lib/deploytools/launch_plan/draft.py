@@ -1,7 +1,6 @@
 """Launch plan, drafter part: the separate draft model of DFLASH, EAGLE, EAGLE3 and STANDALONE.
 
-``launch_plan.py`` loads this file by path (Ansible loads every ``.py`` of filter_plugins as
-a filter plugin under its own name, so a plain import would not find it) and calls
+The plan (``common.py``, ``sglang.py``) calls
 :func:`apply_draft` on the final flag set, after the overrides and before the mamba and
 speculative rules. It
 
@@ -232,11 +231,3 @@ def _dflash_draft_tokens(
         _insert_after(
             flags, DRAFT_FLAG, "--speculative-num-draft-tokens", block, "the plan (block_size of the DFlash drafter)"
         )
-
-
-class FilterModule:
-    """No filters: Ansible loads every file of filter_plugins, and this one is a part of launch_plan."""
-
-    def filters(self) -> dict[str, Callable[..., Any]]:
-        """This file adds no filter of its own."""
-        return {}

@@ -7,33 +7,26 @@ KV cache; the rest is left for activations, CUDA graphs and the speculative draf
 pool (of the same token count). SGLang 0.5.11 loads the draft after its pools, from the rest;
 0.5.17 loads it first, inside the static part, solves the mamba slots and the verify buffers
 together and caps the running requests to its mamba slots instead of refusing (:class:`Rules`;
-which rules a version follows is ``budget_rules`` in launch_plan_engines.json). This part holds
+which rules a version follows is ``budget_rules`` in engines.json). This part holds
 SGLang's defaults (its own ``--mem-fraction-static``), the launch knobs (:class:`Launch`), the
 budget (:func:`compute_budget`, :class:`Budget`) and the searches over it; the model's shapes
-are launch_plan_shapes.py, the plan's choices and refusals launch_plan_budget.py (which
+are launch_plan/shapes.py, the plan's choices and refusals launch_plan/budget.py (which
 re-exports these names). Each rule names the SGLang function it follows, 0.5.11's unless it
 says 0.5.17 (docs/launch-plan.md, "Memory budget").
 
-Pure functions and frozen dataclasses, standard library only. ``PlanError`` lives here so
-that every part of the launch plan raises the same class.
+Pure functions and frozen dataclasses, standard library only; every refusal is
+:class:`deploytools.launch_plan.errors.PlanError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-import launch_plan_draft as draft  # noqa: E402
-import launch_plan_shapes as shapes  # noqa: E402
+from deploytools.launch_plan import shapes
+from deploytools.launch_plan.errors import PlanError  # noqa: F401  (budget re-exports it)
 
 GIB = 1024**3
 MIB = 1024**2
@@ -74,14 +67,10 @@ DEFAULT_MIN_CONTEXT_LENGTH = 32768
 CONTEXT_STEP = 1024
 
 
-class PlanError(ValueError):
-    """A refusal: one sentence that names the variable to change and what to do."""
-
-
 @dataclass(frozen=True)
 class Rules:
     """How one SGLang version sizes its pools, where the versions differ (``budget_rules`` in
-    launch_plan_engines.json names the set a version follows; :data:`RULES` holds them)."""
+    engines.json names the set a version follows; :data:`RULES` holds them)."""
 
     name: str
     cuda_context_gib: float  # taken before the weights load (model_runner.py ``init_torch_distributed``)
@@ -115,7 +104,7 @@ def budget_rules(name: str) -> Rules:
     except KeyError:
         raise PlanError(
             f"budget_rules {name!r} is not a set of memory-budget rules the plan knows ({', '.join(RULES)}): "
-            "fix it in filter_plugins/launch_plan_engines.json."
+            "fix it in tools/lib/deploytools/launch_plan/engines.json."
         ) from None
 
 
@@ -516,7 +505,3 @@ def fraction_bounds(
         )
     ]
     return (good[0], good[-1]) if good else None
-
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

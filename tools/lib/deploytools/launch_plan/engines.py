@@ -1,12 +1,12 @@
 """Launch plan, engine versions: what the plan must know of each version beyond its flags.
 
-The flags of each version are its own parser's (``launch_plan_flags/<engine>-<version>.json``);
-everything else the plan needs to know of a version is data in ``launch_plan_engines.json``, one
+The flags of each version are its own parser's (``flags/<engine>-<version>.json``);
+everything else the plan needs to know of a version is data in ``engines.json``, one
 place for each fact:
 
 * ``supported``: the versions the project tests (a lock, a flag table, a check venv each),
   how far the memory budget is known to hold for each (``budget``) and whose budget rules size
-  its pools (``budget_rules``: ``launch_plan_pools.RULES``; a version without an entry takes the
+  its pools (``budget_rules``: ``pools.RULES``; a version without an entry takes the
   nearest older supported version's);
 * ``known_bad``: version ranges that break this project's launches, with the upstream issues
   (the plan refuses them with one sentence naming them);
@@ -24,21 +24,14 @@ Standard library only.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
+from deploytools.launch_plan import common
 
-import launch_plan_common as common  # noqa: E402
-import launch_plan_draft as draft  # noqa: E402
-
-ENGINE_FACTS_FILE = Path(__file__).resolve().parent / "launch_plan_engines.json"
+ENGINE_FACTS_FILE = Path(__file__).resolve().parent / "engines.json"
 
 
 @dataclass(frozen=True)
@@ -59,13 +52,13 @@ class KnownBad:
 
 @dataclass(frozen=True)
 class EngineVersion:
-    """What the plan knows of one engine version (from ``launch_plan_engines.json``)."""
+    """What the plan knows of one engine version (from ``engines.json``)."""
 
     engine: str
     version: str
     supported: tuple[str, ...]  # every version the project tests, oldest first
     budget: str | None  # how far the memory budget holds for this version (None: not a supported version)
-    budget_rules: str  # whose memory-budget rules size its pools (launch_plan_pools.RULES)
+    budget_rules: str  # whose memory-budget rules size its pools (pools.RULES)
     known_bad: KnownBad | None
     removed_environment: tuple[str, ...]
     renamed_flags: dict[str, str]  # a flag as the plan (0.5.11) names it -> its name in this version
@@ -104,7 +97,7 @@ def _dotted(version: tuple[int, ...]) -> str:
 
 
 def load_engine_facts(path: Path = ENGINE_FACTS_FILE) -> dict[str, Any]:
-    """The whole facts file (``launch_plan_engines.json``)."""
+    """The whole facts file (``engines.json``)."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
@@ -147,7 +140,3 @@ def engine_version(engine: str, version: str, facts: Mapping[str, Any] | None = 
         caps_running_requests=any(c.get("caps_running_requests") for c in changes),
         auto_strategy_extra_buffer=any(c.get("auto_strategy_extra_buffer") for c in changes),
     )
-
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

@@ -3,26 +3,17 @@
 ``launch_plan.py`` (the filter) and the engine parts read the model through :func:`model_facts`:
 its architecture, layer types (hybrid models mix ``linear_attention`` and full attention
 layers), attention heads and MTP layers. The memory budget reads the shapes it needs itself
-(``launch_plan_budget.geometry``). Standard library only.
+(``budget.geometry``). Standard library only.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-import launch_plan_budget as budget  # noqa: E402
-import launch_plan_draft as draft  # noqa: E402
-
-PlanError = budget.PlanError
+from deploytools.launch_plan import budget
+from deploytools.launch_plan.errors import PlanError
 
 
 @dataclass(frozen=True)
@@ -100,7 +91,3 @@ def model_facts(config: Mapping[str, Any]) -> ModelFacts:
         mtp_layers=mtp or 0,
         max_positions=as_int("max_position_embeddings"),
     )
-
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

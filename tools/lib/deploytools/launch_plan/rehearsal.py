@@ -7,18 +7,10 @@ directory (its positional argument), on the CPU by default, with no API key of i
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-import launch_plan_common as common  # noqa: E402
-import launch_plan_draft as draft  # noqa: E402
-from launch_plan_model import ModelFacts  # noqa: E402
+from deploytools.launch_plan import common
+from deploytools.launch_plan.model import ModelFacts
 
 
 def plan_transformers(facts: ModelFacts, given: common.PlanInput) -> dict[str, Any]:
@@ -83,7 +75,3 @@ def plan_transformers(facts: ModelFacts, given: common.PlanInput) -> dict[str, A
     )
     argv = [f"{given.venv_dir.rstrip('/')}/bin/transformers", "serve", given.model_path, *flags.argv(added)]
     return {"argv": argv, "env": env, "notes": notes}
-
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

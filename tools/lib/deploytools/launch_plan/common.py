@@ -1,6 +1,6 @@
 """Launch plan, common part: what the plans of both engines (SGLang, transformers) share.
 
-* the engine's flags as its own parser knows them (``launch_plan_flags/<engine>-<version>.json``,
+* the engine's flags as its own parser knows them (``flags/<engine>-<version>.json``,
   written by ``roles/inference_server/files/check-launch-args.py --dump-flags``);
 * ``inference_server_settings`` (engine-neutral knobs) and the flags they map to;
 * the flag set being planned, with the variable each flag came from (for messages that name it),
@@ -14,21 +14,15 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
+from deploytools.launch_plan import draft
+from deploytools.launch_plan.errors import PlanError
 
-import launch_plan_budget as budget  # noqa: E402
-import launch_plan_draft as draft  # noqa: E402
-
-FLAG_TABLE_DIR = Path(__file__).resolve().parent / "launch_plan_flags"
+FLAG_TABLE_DIR = Path(__file__).resolve().parent / "flags"
 
 # Flags that have their own role variable; an override would bypass it.
 PINNED = {
@@ -47,10 +41,6 @@ SECRET_FLAGS = {
 }
 # The flag the plan uses to hand SGLang the API key file.
 CONFIG_FLAG = "--config"
-
-
-# A refusal: one sentence that names the variable to change and what to do (shared with the budget).
-PlanError = budget.PlanError
 
 
 # --------------------------------------------------------------------------------------
@@ -91,7 +81,7 @@ class FlagTable:
         """The spelling this version wants for a flag the plan names (the plan speaks SGLang 0.5.11's
         names): an alias becomes its canonical flag, a flag this version renamed (deprecated, with a
         replacement it has) becomes the replacement, and so does one it dropped after renaming it
-        (``renamed``, from launch_plan_engines.json). An unknown flag stays as it is."""
+        (``renamed``, from engines.json). An unknown flag stays as it is."""
         spec = self.resolve(name)
         if spec is None:
             new_name = self.renamed.get(name)
@@ -123,7 +113,7 @@ def load_flag_table(engine: str, version: str, table_dir: Path = FLAG_TABLE_DIR)
     if not tables:
         raise PlanError(
             f"no flag table for the {engine} engine in {table_dir}: "
-            "restore filter_plugins/launch_plan_flags from the repository."
+            "restore tools/lib/deploytools/launch_plan/flags from the repository."
         )
     wanted = version_tuple(version)
     by_version = {version_tuple(p.stem.split("-", 1)[1]): p for p in tables}
@@ -180,7 +170,7 @@ class PlanInput:
     api_key_file: str | None = None
     allow_unenforced_api_key: bool = False
     logging_config_file: str | None = None
-    drafter: Mapping[str, Any] | None = None  # the keyword arguments of launch_plan_draft.apply_draft
+    drafter: Mapping[str, Any] | None = None  # the keyword arguments of draft.apply_draft
     gpus: Sequence[Mapping[str, Any]] | None = None
     weights_bytes: int | None = None  # the target's and the drafter's weights, which share the GPUs
     model_config: Mapping[str, Any] | None = None
@@ -554,6 +544,3 @@ def merge_environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict
 # in sglang.srt.entrypoints.engine, the module's only INFO lines), the API key included:
 # seen in the journal of a real SGLang 0.5.11 run (bench/results/gpu_api_key.md). With a key
 # set, the unit points SGLANG_LOGGING_CONFIG_PATH at this dictConfig, which keeps that one
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

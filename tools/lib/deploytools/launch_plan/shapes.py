@@ -4,24 +4,15 @@ Read from the model's ``config.json`` (nested ``text_config`` or flat): the atte
 linear-attention (mamba) geometry, one request's mamba state, the KV cache's bytes per token,
 the MTP head's and the embeddings' weights and the rotary cache. Each rule names the SGLang
 0.5.11 function it follows (docs/launch-plan.md, "Memory budget"); the budget itself is
-launch_plan_pools.py, the plan's choices launch_plan_budget.py (which re-exports these names).
+launch_plan/pools.py, the plan's choices launch_plan/budget.py (which re-exports these names).
 Pure functions and a frozen dataclass, standard library only.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-import launch_plan_draft as draft  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
@@ -161,7 +152,3 @@ def rotary_cache_bytes(geo: Geometry) -> int:
     max_position_embeddings x rotary dims in float32 (layers/rotary_embedding.py
     ``_compute_cos_sin_cache``; one cache, shared through ``get_rope``'s cache)."""
     return geo.max_positions * geo.rotary_dim * 4
-
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

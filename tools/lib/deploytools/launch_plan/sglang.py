@@ -2,7 +2,7 @@
 
 :func:`plan_sglang` derives the flags from the settings and the model (the mamba scheduler of
 hybrid models, the speculative trio), applies the overrides, the drafter's rules
-(``launch_plan_draft.py``), the tensor-parallel and memory rules (``launch_plan_budget.py``, which
+(``launch_plan/draft.py``), the tensor-parallel and memory rules (``launch_plan/budget.py``, which
 also sets ``--mem-fraction-static``, ``--max-running-requests`` and ``--context-length``) and, with
 an API key, keeps the key out of SGLang's logs. Each refusal is one sentence naming the variable
 to change (docs/launch-plan.md). Standard library only.
@@ -10,21 +10,11 @@ to change (docs/launch-plan.md). Standard library only.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-# Ansible imports each filter plugin under a name of its own: the parts of the launch plan
-# find one another by file name, in this directory.
-if (_PARTS := str(Path(__file__).resolve().parent)) not in sys.path:
-    sys.path.append(_PARTS)
-
-import launch_plan_budget as budget  # noqa: E402
-import launch_plan_common as common  # noqa: E402
-import launch_plan_draft as draft  # noqa: E402
-import launch_plan_engines as engines  # noqa: E402
-from launch_plan_model import ModelFacts  # noqa: E402
+from deploytools.launch_plan import budget, common, draft, engines
+from deploytools.launch_plan.model import ModelFacts
 
 # `sglang serve` exists since 0.5.5; from 0.5.10 `python -m sglang.launch_server` warns.
 SGLANG_SERVE_SINCE = (0, 5, 5)
@@ -33,7 +23,7 @@ EAGLE_FAMILY = ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE")
 # SGLang's own choice (auto_choose_speculative_params) for Qwen3.5/3.6 and most models.
 DEFAULT_SPECULATIVE = {"steps": 3, "topk": 1, "draft": budget.DEFAULT_DRAFT_TOKENS}
 # GiB per GPU kept free beyond the weights by the quick fit rule that picks the tensor-parallel
-# size; the memory budget (launch_plan_budget.py) then sizes SGLang's pools term by term.
+# size; the memory budget (launch_plan/budget.py) then sizes SGLang's pools term by term.
 # Override with inference_server_settings.gpu_memory_headroom_gib.
 DEFAULT_HEADROOM_GIB = 8.0
 
@@ -46,7 +36,7 @@ def _gpu_rules(
     headroom_gib: float,
     notes: list[str],
 ) -> tuple[int, int] | None:
-    """The tensor-parallel and memory-fit rules of launch_plan_budget.gpu_rules, for the model's heads."""
+    """The tensor-parallel and memory-fit rules of budget.gpu_rules, for the model's heads."""
     heads = {"attention heads (num_attention_heads)": facts.attention_heads}
     if facts.hybrid:
         heads["linear-attention key heads (linear_num_key_heads)"] = facts.linear_key_heads
@@ -425,7 +415,3 @@ def plan_sglang(facts: ModelFacts, given: common.PlanInput) -> dict[str, Any]:
             plan["env"] = dict(sorted(env.items()))
             plan["logging_config"] = logging_config
     return plan
-
-
-# Ansible loads every file of filter_plugins: this part adds no filter of its own.
-FilterModule = draft.FilterModule

@@ -9,6 +9,7 @@ the flags of ct129's plan from the same rules.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -27,8 +28,8 @@ GPU_MIB = {24: 24564, 48: 49140, 80: 81559, 141: 143771}
 
 @pytest.fixture(scope="module")
 def budget(launch_plan: ModuleType) -> ModuleType:
-    """The budget module, as launch_plan.py imported it (one PlanError class for both)."""
-    return launch_plan.budget
+    """deploytools.launch_plan.budget (its PlanError is deploytools.launch_plan.errors')."""
+    return importlib.import_module("deploytools.launch_plan.budget")
 
 
 @pytest.fixture(scope="module")

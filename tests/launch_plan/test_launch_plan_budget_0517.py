@@ -36,8 +36,8 @@ def close(predicted: float, logged: float, tolerance: float = TOLERANCE) -> bool
 
 @pytest.fixture(scope="module")
 def budget(launch_plan: ModuleType) -> ModuleType:
-    """The budget module, as launch_plan.py imported it (one PlanError class for all parts)."""
-    return launch_plan.budget
+    """deploytools.launch_plan.budget (its PlanError is deploytools.launch_plan.errors')."""
+    return importlib.import_module("deploytools.launch_plan.budget")
 
 
 @pytest.fixture(scope="module")

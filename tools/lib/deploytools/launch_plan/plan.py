@@ -36,10 +36,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from deploytools.launch_plan import (
-    budget,  # noqa: F401  (tests reach the budget as launch_plan.budget)
-    draft,  # noqa: F401  (and the drafter as launch_plan.draft)
-)
 from deploytools.launch_plan.common import (  # noqa: F401  (the names callers of launch_plan.py use)
     FLAG_TABLE_DIR,
     SETTINGS,

@@ -310,7 +310,7 @@ systemd SIGKILLs what is left of the control group once that process has exited,
 itself (SGLang's SIGTERM watchdog waits for its last request; transformers serve leaves
 uvicorn's `timeout_graceful_shutdown` unset), so the unit's timeout is the bound. The
 restarts are `no_block`, and the unit is `deactivating` while the old server drains, so the
-play waits for the new start (`tasks/wait_drained.yml`, at most `TimeoutStopSec`) before the
+play waits for the new start (`tasks/restart.yml`, at most `TimeoutStopSec`) before the
 gate looks at it. `inference_server_stop_timeout_s` is gone; a deploy that still sets it is
 refused with the value of `inference_server_drain_timeout_s` that keeps its timeout.
 

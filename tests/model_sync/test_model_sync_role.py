@@ -188,14 +188,13 @@ def test_hub_failure_is_one_sentence_and_never_shows_the_token(tmp_path, ansible
 
 
 def deploy_task(name: str) -> dict:
-    """A task of deploy.yml's main block, by name (its vars are what a deploy passes)."""
-    play = next(
-        p
-        for p in yaml.safe_load((ROOT / "deploy.yml").read_text())
-        if p.get("name") == "Deploy the LLM inference server"
-    )
-    block = next(t for t in play["tasks"] if t.get("name") == "Deploy while holding the lock")["block"]
-    return next(t for t in block if t.get("name") == name)
+    """A task of deploy.yml's checks or roles, by name (its vars are what a deploy passes)."""
+    tasks = [
+        task
+        for part in ("deploy-checks.yml", "deploy-roles.yml")
+        for task in yaml.safe_load((ROOT / "playbooks/tasks" / part).read_text())
+    ]
+    return next(t for t in tasks if t.get("name") == name)
 
 
 def test_the_drafter_is_a_second_artifact_of_the_same_tasks(tmp_path, ansible_ok):

@@ -106,7 +106,7 @@ image-mlenv: prereqs $(VENV)/.installed collections image $(WHEELHOUSE)/.complet
 WHEELHOUSE_LOCKS := transformers-cpu transformers-cpu-5.6.2 smg-1.13.0
 wheelhouse: $(foreach lock,$(WHEELHOUSE_LOCKS),$(CACHE)/wheelhouse/$(lock)/.complete) ## download the tests' wheels once
 
-$(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bundle tools/lib/deploytools/build_bundle.py tools/lib/deploytools/lock_file.py
+$(CACHE)/wheelhouse/%/.complete: roles/ml_env/files/locks/%.txt tools/build-bundle tools/deploytools/build_bundle.py tools/deploytools/lock_file.py
 	$(PYTHON) tools/build-bundle --lock $< --out $(@D)
 	touch $@
 
@@ -131,7 +131,7 @@ $(TOOLS_VENV)/.installed: $(WHEELHOUSE)/.complete
 
 model: $(TINY_MODEL)/config.json ## generate the tiny rehearsal model (fixed seed, offline)
 
-$(TINY_MODEL)/config.json: tools/make-tiny-model tools/lib/deploytools/make_tiny_model.py $(TOOLS_VENV)/.installed
+$(TINY_MODEL)/config.json: tools/make-tiny-model tools/deploytools/make_tiny_model.py $(TOOLS_VENV)/.installed
 	$(TOOLS_VENV)/bin/python tools/make-tiny-model --out $(TINY_MODEL)
 
 sim-up: setup ## start the local sim host (systemd container "sim")

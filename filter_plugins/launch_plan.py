@@ -1,6 +1,6 @@
 """Ansible filters ``launch_plan`` and ``memory_budget`` (documented in launch_plan.yml).
 
-The plan and the budget are the package ``deploytools.launch_plan`` (tools/lib, installed in
+The plan and the budget are the package ``deploytools.launch_plan`` (tools/deploytools, installed in
 the controller's venv by ``make setup``); these filters turn its refusals into
 AnsibleFilterError.
 """

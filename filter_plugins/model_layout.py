@@ -1,6 +1,6 @@
 """Ansible filters for where model_sync serves a model from on the host.
 
-The code is ``deploytools.model_layout`` (tools/lib, installed in the controller's venv).
+The code is ``deploytools.model_layout`` (tools/deploytools, installed in the controller's venv).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ansible filters that render an argv and an environment into systemd unit syntax.
 
-The code is ``deploytools.systemd_unit`` (tools/lib, installed in the controller's venv).
+The code is ``deploytools.systemd_unit`` (tools/deploytools, installed in the controller's venv).
 """
 
 from __future__ import annotations

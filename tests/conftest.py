@@ -2,17 +2,16 @@
 
 The tests sit in one folder per component (launch_plan/, health_gate/, model_sync/, nightly/,
 gateway/, bakeoff/, roles/, tools/), each with its own conftest.py for that component's
-fixtures. What several folders use is here or in shared/ (put on ``sys.path`` below):
-the gate's fakes (``gate_fakes``) and the rehearsal engine (``rehearsal_engine``). The
-controller's code (the launch plan, the tools') is the package ``deploytools``, installed in
-the venv (pyproject.toml, ``make setup``).
+fixtures. What several folders use is here or in shared/ (on the path through
+pyproject.toml's pytest ``pythonpath``): the gate's fakes (``gate_fakes``) and the rehearsal
+engine (``rehearsal_engine``). The controller's code (the launch plan, the tools') is the
+package ``deploytools``, installed in the venv (pyproject.toml, ``make setup``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Each test file's seconds in the last measured run (the order below); --record-durations writes it.
 DURATIONS = REPO / "tests" / "durations.json"
 # The helpers the test folders share (tests/shared). The controller's package, deploytools
-# (tools/lib), comes installed in the venv by make setup (pyproject.toml).
-sys.path.insert(0, str(REPO / "tests" / "shared"))
+# (tools/deploytools), comes installed in the venv by make setup (pyproject.toml).
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -1,8 +1,8 @@
 """Helpers shared by the verifiers of the molecule scenarios.
 
 Molecule's testinfra verifier runs pytest on each scenario's ``tests/`` directory; a test
-module there imports this one after putting ``molecule/shared`` on ``sys.path`` (found from
-its own ``__file__``, so it does not depend on the directory pytest is started in).
+module there imports this one by name: pyproject.toml's pytest ``pythonpath`` (its rootdir is
+the repository, wherever pytest is started) puts ``molecule/shared`` on the path.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import smg_api
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "gateway"
@@ -34,8 +35,6 @@ TRANSFORMERS = CACHE / "venvs" / "transformers-cpu" / "bin" / "transformers"
 MODEL = CACHE / "models" / "tiny-qwen3.5"
 KEY = "test-control-plane-key-0123456789"
 
-sys.path.insert(0, str(ROLE / "module_utils"))
-import smg_api  # noqa: E402
 
 sys.modules.setdefault("ansible.module_utils.smg_api", smg_api)
 

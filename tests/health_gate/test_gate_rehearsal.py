@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,9 +20,7 @@ from pathlib import Path
 import pytest
 from gate_fakes import CLI, REPO, free_port
 from rehearsal_engine import MODEL, start_server, stop_server, wait_health
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_gate_module import SYSTEM_PYTHON, ansible_env, tool  # noqa: E402
+from test_gate_module import SYSTEM_PYTHON, ansible_env, tool
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHECK_SCRIPT = REPO / "roles" / "inference_server" / "files" / "check-launch-args.py"
 BUILD_CHECK_VENV = REPO / "tools" / "build-sglang-check-venv"
-FLAG_TABLES = REPO / "tools" / "lib" / "deploytools" / "launch_plan" / "flags"
+FLAG_TABLES = REPO / "tools" / "deploytools" / "launch_plan" / "flags"
 
 
 def _default_check_versions() -> tuple[str, ...]:

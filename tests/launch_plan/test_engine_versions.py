@@ -1,4 +1,4 @@
-"""Engine versions as data (tools/lib/deploytools/launch_plan/engines.py and .json): the plan for each
+"""Engine versions as data (tools/deploytools/launch_plan/engines.py and .json): the plan for each
 supported SGLang version, known-bad versions refused, and a flag a version renamed written the
 way that version spells it.
 
@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from launch_plan_cases import REPO
 
-FLAG_TABLES = REPO / "tools" / "lib" / "deploytools" / "launch_plan" / "flags"
-FACTS = json.loads((REPO / "tools" / "lib" / "deploytools" / "launch_plan" / "engines.json").read_text())
+FLAG_TABLES = REPO / "tools" / "deploytools" / "launch_plan" / "flags"
+FACTS = json.loads((REPO / "tools" / "deploytools" / "launch_plan" / "engines.json").read_text())
 SUPPORTED = sorted(FACTS["sglang"]["supported"], key=lambda v: tuple(map(int, v.split("."))))
 
 

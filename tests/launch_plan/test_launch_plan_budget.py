@@ -1,4 +1,4 @@
-"""The memory budget (tools/lib/deploytools/launch_plan/budget.py) against SGLang 0.5.11's own figures.
+"""The memory budget (tools/deploytools/launch_plan/budget.py) against SGLang 0.5.11's own figures.
 
 SGLang logged its pools for Qwen3.6-27B at real size on one H200
 (tests/launch_plan/fixtures/sglang_realsize_h200_logged.json, from a bench/realsize run);

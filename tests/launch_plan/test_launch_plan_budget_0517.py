@@ -1,4 +1,4 @@
-"""The memory budget by SGLang 0.5.17's rules (tools/lib/deploytools/launch_plan/pools.py ``RULES["0.5.17"]``)
+"""The memory budget by SGLang 0.5.17's rules (tools/deploytools/launch_plan/pools.py ``RULES["0.5.17"]``)
 against what SGLang 0.5.17 logged.
 
 SGLang 0.5.17 started the bench's cases at Qwen3.6-27B's real size on one H200

@@ -1,4 +1,4 @@
-"""The drafter part of the launch plan (tools/lib/deploytools/launch_plan/draft.py): DFLASH on ct129.
+"""The drafter part of the launch plan (tools/deploytools/launch_plan/draft.py): DFLASH on ct129.
 
 The drafter config is files/models/dflash-drafter-27b.config.json, one SGLang 0.5.11 accepted
 and served beside Qwen3.6-27B's real config on one H200 (bench/realsize, docs/launch-plan.md).

@@ -50,7 +50,7 @@ def test_sglang_flag_table_is_sglangs_own_parser(sglang_venv, check_script):
     assert proc["rc"] == 0, proc["stderr"][-3000:]
     assert json.loads(proc["stdout"])["version"] == sglang_venv.version
     assert proc["stdout"] == committed, (
-        f"tools/lib/deploytools/launch_plan/flags/sglang-{sglang_venv.version}.json is not SGLang's parser: "
+        f"tools/deploytools/launch_plan/flags/sglang-{sglang_venv.version}.json is not SGLang's parser: "
         f"regenerate it with tools/build-sglang-check-venv --dump-flags {sglang_venv.version}"
     )
 

@@ -1,4 +1,4 @@
-"""tools/lib/deploytools/model_layout.py: the one derivation of where model_sync serves a model from."""
+"""tools/deploytools/model_layout.py: the one derivation of where model_sync serves a model from."""
 
 from __future__ import annotations
 

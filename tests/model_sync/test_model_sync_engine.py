@@ -16,16 +16,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from model_sync_lib import checks, compact_json, diff, fetch_hub, fs, hashing, install
+from model_sync_lib.common import TMP_PREFIX, SyncError
+from model_sync_lib.engine import Engine
+from model_sync_lib.state import State
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB_DIR = ROOT / "roles/model_sync/module_utils"
 LAUNCHER = ROOT / "roles/model_sync/files/model-sync"
-
-sys.path.insert(0, str(LIB_DIR))
-from model_sync_lib import checks, compact_json, diff, fetch_hub, fs, hashing, install  # noqa: E402
-from model_sync_lib.common import TMP_PREFIX, SyncError  # noqa: E402
-from model_sync_lib.engine import Engine  # noqa: E402
-from model_sync_lib.state import State  # noqa: E402
 
 
 def write_shard(path: Path, name: str, nbytes: int, seed: int) -> None:
@@ -419,7 +417,6 @@ def test_killed_copy_leaves_current_and_resumes(tmp_path):
     # Kill the engine from inside the copy of the second shard (after some bytes are written).
     script = f"""
 import os, sys, signal
-sys.path.insert(0, {str(LIB_DIR)!r})
 from model_sync_lib import cli, fs, hashing
 real = hashing.Counter.add
 def add(self, key, n):
@@ -526,19 +523,13 @@ def test_install_writes_the_package_once_and_removes_the_single_file_engine(tmp_
     (lib / "model_sync_lib" / "cli.py").chmod(0o600)
     checked = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), check=True, **owner))
     assert checked["changed"] and (lib / "model_sync_lib" / "cli.py").stat().st_mode & 0o777 == 0o600
+    # The launcher, as on a host (python3 -IS), reading the package where the install put it.
     out = subprocess.run(
-        [
-            sys.executable,
-            "-IS",
-            "-c",
-            "import sys; sys.path.insert(0, sys.argv[1]); "
-            "from model_sync_lib.cli import main; sys.argv[1:] = ['listing', sys.argv[2]]; main()",
-            str(lib),
-            str(LIB_DIR),
-        ],
+        [sys.executable, "-IS", str(LAUNCHER), "listing", str(LIB_DIR)],
         capture_output=True,
         text=True,
         check=True,
+        env=dict(os.environ, MODEL_SYNC_LIB=str(lib)),
     ).stdout
     assert "model_sync_lib/cli.py" in out
 

@@ -10,13 +10,9 @@ the helper for real against local stand-ins of the Hub.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "roles" / "model_sync" / "module_utils"))
-from model_sync_lib.fetch_hub import hub_failure  # noqa: E402
+from model_sync_lib.fetch_hub import hub_failure
 
 REPO, REV, INCOMING = "Qwen/Qwen3.6-27B", "a" * 40, "/srv/models/q/.incoming"
 

@@ -20,9 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_model_sync_engine import make_model  # noqa: E402
+from test_model_sync_engine import make_model
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/model_sync"

@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -26,12 +25,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import smg_api
 import yaml
 from monitoring_support import CACHE, REPO, RULES
 
 GATEWAY_ROLE = REPO / "roles" / "gateway"
-sys.path.insert(0, str(GATEWAY_ROLE / "module_utils"))
-import smg_api  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
     "prometheus_textfile", REPO / "filter_plugins" / "prometheus_textfile.py"

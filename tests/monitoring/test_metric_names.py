@@ -5,7 +5,7 @@ them: SGLang per supported version (``bench/results/sglang-<version>-metrics.txt
 machine at real size, bench/results/realsize-0.5.17.md), smg (``bench/results/smg-1.13.0-metrics.txt``,
 tools/capture-smg-metrics on CPU), and the project's own textfile series as
 filter_plugins/prometheus_textfile.py renders them. The supported SGLang versions are read from
-tools/lib/deploytools/launch_plan/engines.json; a version without a capture yet is listed, not guessed.
+tools/deploytools/launch_plan/engines.json; a version without a capture yet is listed, not guessed.
 SGLang versions name their series ``sglang:x`` or ``sglang_x`` (sglang#34408); the scrape config
 renames the second to the first, so either spelling in a capture satisfies a ``sglang:`` name.
 """
@@ -21,7 +21,7 @@ import pytest
 from monitoring_support import REPO, SYNTHETIC, dashboard_exprs, rules, series_names
 
 RESULTS = REPO / "bench" / "results"
-ENGINES = json.loads((REPO / "tools" / "lib" / "deploytools" / "launch_plan" / "engines.json").read_text())
+ENGINES = json.loads((REPO / "tools" / "deploytools" / "launch_plan" / "engines.json").read_text())
 SUPPORTED = sorted(ENGINES["sglang"]["supported"])
 SMG_CAPTURES = sorted(RESULTS.glob("smg-*-metrics.txt"))
 

@@ -1,4 +1,4 @@
-"""roles/adopt/files/llm_host.py (inspect, record, restore, switch, alive) against a real server
+"""roles/llm_host/library/llm_host.py (inspect, record, restore, switch, alive) against a real server
 started by hand (python3 -m http.server from a venv-shaped directory, with a secret in its environment)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "adopt" / "files" / "llm_host.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "llm_host" / "library" / "llm_host.py"
 
 
 def run(*args: str) -> dict:

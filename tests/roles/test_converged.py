@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from role_files import import_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/converged"
 BIN = Path(sys.executable).parent
 SECRET = "not-a-real-secret-0f6c2a9e"  # a value that must never be printed
-sys.path.insert(0, str(ROLE / "library"))
-import converged_state as cs  # noqa: E402
+
+cs = import_file(ROLE / "library" / "converged_state.py")
 
 
 @pytest.fixture

@@ -114,11 +114,11 @@ def test_two_runs_starting_together_get_the_lock_once(tmp_path):
 def test_the_identity_is_the_outermost_process_with_the_same_command_line():
     """A forked worker (like Ansible's) reports its parent, the process that was started."""
     code = (
-        "import os, sys, json; sys.path.insert(0, {!r}); import deploy_lock_run as r; "
+        "import os, json; import deploy_lock_run as r; "
         "pid = os.fork()\n"
         "if pid == 0:\n    print(json.dumps(r.identity())); sys.stdout.flush(); os._exit(0)\n"
         "os.waitpid(pid, 0); print(os.getpid())"
-    ).format(str(ROLE / "lookup_plugins"))
+    )
     env = dict(os.environ, PYTHONPATH=str(ROLE / "lookup_plugins"))
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROLE / "lookup_plugins"

@@ -22,7 +22,7 @@ import pytest
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_server" / "files"
 # The guard is a subcommand of the roles' one host helper, installed as .../port-guard.
-HOST_TOOL = FILES / "llm_host.py"
+HOST_TOOL = FILES.parents[1] / "llm_host" / "library" / "llm_host.py"
 GUARD = [str(HOST_TOOL), "guard"]
 LISTEN = """import socket, sys, time
 s = socket.socket(socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET)

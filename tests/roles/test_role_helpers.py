@@ -10,11 +10,12 @@ import venv
 from pathlib import Path
 
 import pytest
+from role_files import import_file
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_STATE = REPO / "roles/ml_env/files/venv_state.py"
 # llm_host.py facts: what preflight reads from the host.
-HOST_FACTS = REPO / "roles/preflight/files/llm_host.py"
+HOST_FACTS = REPO / "roles/llm_host/library/llm_host.py"
 CHECK_SPECS = REPO / "tools/check-argument-specs"
 
 
@@ -111,8 +112,7 @@ def test_check_argument_specs_finds_drift(tmp_path):
 
 
 def test_venv_state_keeps_only_lines_whose_marker_applies(tmp_path):
-    sys.path.insert(0, str(VENV_STATE.parent))
-    import venv_state
+    venv_state = import_file(VENV_STATE)
 
     lock = tmp_path / "lock.txt"
     lock.write_text(
@@ -129,8 +129,7 @@ def test_venv_state_keeps_only_lines_whose_marker_applies(tmp_path):
 
 
 def test_sglang_lock_pins_the_engine_and_the_kernels_fix_on_every_python(repo):
-    sys.path.insert(0, str(VENV_STATE.parent))
-    import venv_state
+    venv_state = import_file(VENV_STATE)
 
     for python in ((3, 10), (3, 11), (3, 12)):
         pins = venv_state.read_lock(str(repo / "roles/ml_env/files/locks/sglang-0.5.11.txt"), python)

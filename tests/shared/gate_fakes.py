@@ -1,7 +1,7 @@
 """Shared helpers for the health gate tests: a scriptable OpenAI/SGLang-like HTTP server,
 fake ``systemctl``/``journalctl`` executables, and paths. The ``test_gate_*`` modules of
 tests/health_gate import it, and so do launch_plan/test_api_key.py and roles/test_drain.py
-(the root conftest puts tests/shared on ``sys.path``); the fake server's sanity check is
+(pytest puts tests/shared on the path: pyproject.toml); the fake server's sanity check is
 health_gate/test_gate_support.py.
 """
 
@@ -17,11 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import llm_gate  # noqa: F401 - the gate's package (installed from the role by make setup)
+
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "health_gate"
-sys.path.insert(0, str(ROLE / "module_utils"))
-
-import llm_gate  # noqa: E402, F401 - the gate's package: the tests import it from here
 
 CLI = REPO / "tools" / "health-gate"
 CONTROLLER_BIN = Path(os.environ.get("CONTROLLER_VENV_BIN", str(Path(sys.executable).parent)))

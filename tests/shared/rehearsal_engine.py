@@ -3,7 +3,7 @@
 Finds the CPU venv and the model under ``$DEPLOY_CACHE_DIR`` (default ``<repo>/.cache``),
 which ``make tools-venv model`` builds; missing, the test that starts it FAILS (never skips).
 Shared by health_gate/test_gate_rehearsal.py and roles/test_drain.py (the root conftest puts
-tests/shared on ``sys.path``).
+tests/shared on the path, pyproject.toml).
 """
 
 from __future__ import annotations

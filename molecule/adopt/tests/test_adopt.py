@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from pathlib import Path
 
 # molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-from verify_steps import failed_output, recorded  # noqa: E402
+from verify_steps import failed_output, recorded
 
 FAKE_TOKEN = "hf_FAKE-adopt-token-not-a-real-one"
 UNIT = "inference-server"

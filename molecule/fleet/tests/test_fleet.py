@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 # molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-from verify_steps import failed_output, recorded  # noqa: E402
+from verify_steps import failed_output, recorded
 
 REPO = Path(__file__).resolve().parents[3]
 HOSTS = ["molecule-fleet-1", "molecule-fleet-2", "molecule-fleet-3"]

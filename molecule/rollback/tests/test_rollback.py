@@ -4,14 +4,11 @@ failed attempts on record and one message per failure saying so."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 # molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "shared"))
-from verify_steps import ephemeral, failed_output, recorded  # noqa: E402
+from verify_steps import ephemeral, failed_output, recorded
 
 UNIT = "inference-server"
 DEPLOY_DIR = f"/var/lib/{UNIT}-deploy"

@@ -29,13 +29,14 @@ def contents(path: str) -> dict[str, bytes]:
     return {name: Path(path, name).read_bytes() for name in sorted(os.listdir(path))}
 
 
-def sync(path: str) -> None:
-    """fsync the file or directory ``path``."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def sync(*paths: str) -> None:
+    """fsync each file or directory of ``paths`` (a directory: so that renames in it last)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def exchange(a: str, b: str) -> None:

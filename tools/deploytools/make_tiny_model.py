@@ -64,7 +64,7 @@ SPECIAL_TOKENS = [
 ]
 VOCAB_SIZE = 1024
 SEED = 20261129
-REAL_CONFIG = Path(__file__).resolve().parents[3] / "files" / "models" / "qwen3.6-27b.config.json"
+REAL_CONFIG = Path(__file__).resolve().parents[2] / "files" / "models" / "qwen3.6-27b.config.json"
 # transformers version recorded in the acceptance config (the SGLang lock's pin), fixed so
 # the output does not depend on the generating venv.
 CONFIG_TRANSFORMERS_VERSION = "5.6.0"

@@ -22,29 +22,45 @@ for a usage error); progress goes to stderr unless ``--quiet``.
 
 The API key is read from ``$HEALTH_GATE_API_KEY`` or ``--api-key-file`` (never from the
 command line, where ``ps`` would show it). Standard library only (Python 3.8 and later): to
-run it on any host, copy ``tools/health-gate`` with ``lib/deploytools/`` (its ``__init__.py``
-and this module) below it, and the package ``roles/health_gate/module_utils/llm_gate/`` beside it.
+run it on any host, copy ``tools/health-gate`` with ``deploytools/`` (its ``__init__.py`` and
+this module) and the package ``roles/health_gate/module_utils/llm_gate/`` beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, NoReturn
 
-# The gate's package: the repository's (ROOT is the checkout), else one copied beside the
-# executable (TOOLS is the folder of tools/health-gate, which holds lib/deploytools/).
-TOOLS = Path(__file__).resolve().parents[2]
+TOOLS = Path(__file__).resolve().parents[1]
 ROOT = TOOLS.parent
-for candidate in (ROOT / "roles" / "health_gate" / "module_utils", TOOLS):
-    if (candidate / "llm_gate" / "__init__.py").is_file():
-        sys.path.insert(0, str(candidate))
-        break
 
-import llm_gate  # noqa: E402
+
+def _gate_package() -> ModuleType:
+    """The gate's package, ``llm_gate``: as installed (the controller's venv maps it from the
+    role, pyproject.toml), or copied beside the executable (a bundle: ``tools/llm_gate``, found as
+    a neighbour of the script), else loaded from the checkout's role under a python3 that has
+    no venv (a GPU host's)."""
+    try:
+        return importlib.import_module("llm_gate")
+    except ModuleNotFoundError:
+        init = ROOT / "roles" / "health_gate" / "module_utils" / "llm_gate" / "__init__.py"
+        spec = importlib.util.spec_from_file_location("llm_gate", init, submodule_search_locations=[str(init.parent)])
+        if spec is None or spec.loader is None:
+            raise
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["llm_gate"] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+llm_gate = _gate_package()
 
 DEFAULT_PROMPTS = ROOT / "roles" / "health_gate" / "files" / "prompts.json"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2

@@ -113,7 +113,7 @@ def load_flag_table(engine: str, version: str, table_dir: Path = FLAG_TABLE_DIR)
     if not tables:
         raise PlanError(
             f"no flag table for the {engine} engine in {table_dir}: "
-            "restore tools/lib/deploytools/launch_plan/flags from the repository."
+            "restore tools/deploytools/launch_plan/flags from the repository."
         )
     wanted = version_tuple(version)
     by_version = {version_tuple(p.stem.split("-", 1)[1]): p for p in tables}

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 SCHEMA = 1
 
 INTRO = """\
@@ -188,7 +188,7 @@ against the plan word for word. The rules: docs/launch-plan.md, "DFLASH".
 PLAN_ONLY = """\
 ### Checked by the launch plan offline: the memory budget
 
-These refusals come from the memory budget (tools/lib/deploytools/launch_plan/budget.py, docs/launch-plan.md
+These refusals come from the memory budget (tools/deploytools/launch_plan/budget.py, docs/launch-plan.md
 "Memory budget"), which needs the weights' size, so a deploy meets them in `plan.yml` after the
 sync, still before the unit changes. They are not rows of the scenario (its container has no
 weights): `tests/launch_plan/test_launch_plan_budget.py` asserts each sentence word for word with ct129's
@@ -690,6 +690,34 @@ def render(results: dict[str, Any], rolling: dict[str, Any] | None = None, fleet
     return "".join(page)
 
 
+class ReadError(Exception):
+    """An input file that cannot be read or is not what the report needs (exit 2)."""
+
+
+def read_json(path: Path, hint: str = "") -> Any:
+    """The JSON content of ``path``, or ReadError naming it (and ``hint``, what to do)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReadError(f"cannot read {path}: {exc}{hint}") from exc
+
+
+def check_rows(committed: Any, results: dict[str, Any], args: argparse.Namespace) -> int:
+    """--check-rows: 0 when the rows and outcomes are the committed ones, else 1 with each difference."""
+    differences = row_differences(committed, results)
+    for line in differences:
+        print(f"reliability-report: {line}", file=sys.stderr)
+    if differences:
+        print(
+            f"reliability-report: {args.results} differs from {args.check_rows} in {len(differences)} row(s): "
+            "fix what broke, or run `make reliability` and commit the page and its results",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"reliability-report: the {len(results['rows'])} rows and their outcomes are those of {args.check_rows}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -719,43 +747,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         return 2 if exc.code else 0
     try:
-        results = json.loads(args.results.read_text())
-    except (OSError, ValueError) as exc:
-        print(
-            f"reliability-report: cannot read {args.results}: {exc}; run `molecule test -s reliability` first",
-            file=sys.stderr,
-        )
-        return 2
-    if results.get("schema") != SCHEMA or not isinstance(results.get("rows"), list):
-        print(f"reliability-report: {args.results} is not a schema {SCHEMA} results file", file=sys.stderr)
-        return 2
-    try:
-        rolling = json.loads(args.rolling.read_text()) if args.rolling.exists() else None
-    except ValueError as exc:
-        print(f"reliability-report: cannot read {args.rolling}: {exc}", file=sys.stderr)
-        return 2
-    if args.check_rows:
-        try:
-            committed = json.loads(args.check_rows.read_text())
-        except (OSError, ValueError) as exc:
-            print(f"reliability-report: cannot read {args.check_rows}: {exc}", file=sys.stderr)
-            return 2
-        differences = row_differences(committed, results)
-        for line in differences:
-            print(f"reliability-report: {line}", file=sys.stderr)
-        if differences:
-            print(
-                f"reliability-report: {args.results} differs from {args.check_rows} in {len(differences)} row(s): "
-                "fix what broke, or run `make reliability` and commit the page and its results",
-                file=sys.stderr,
-            )
-            return 1
-        print(f"reliability-report: the {len(results['rows'])} rows and their outcomes are those of {args.check_rows}")
-        return 0
-    try:
-        fleet = json.loads(args.fleet_results.read_text()) if args.fleet_results.exists() else None
-    except ValueError as exc:
-        print(f"reliability-report: cannot read {args.fleet_results}: {exc}", file=sys.stderr)
+        results = read_json(args.results, "; run `molecule test -s reliability` first")
+        if results.get("schema") != SCHEMA or not isinstance(results.get("rows"), list):
+            raise ReadError(f"{args.results} is not a schema {SCHEMA} results file")
+        rolling = read_json(args.rolling) if args.rolling.exists() else None
+        if args.check_rows:
+            return check_rows(read_json(args.check_rows), results, args)
+        fleet = read_json(args.fleet_results) if args.fleet_results.exists() else None
+    except ReadError as exc:
+        print(f"reliability-report: {exc}", file=sys.stderr)
         return 2
     page = render(results, rolling, fleet)
     if args.check:

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_STAGES_FILE = REPO / "artifacts" / "make-test" / "stages.jsonl"
 DEFAULT_TIMES_FILE = REPO / "bench" / "results" / "make_test_times.json"
 BUDGET_S = 2400.0

@@ -104,7 +104,7 @@ def budget_rules(name: str) -> Rules:
     except KeyError:
         raise PlanError(
             f"budget_rules {name!r} is not a set of memory-budget rules the plan knows ({', '.join(RULES)}): "
-            "fix it in tools/lib/deploytools/launch_plan/engines.json."
+            "fix it in tools/deploytools/launch_plan/engines.json."
         ) from None
 
 

@@ -93,7 +93,7 @@ def extra_vars_cmdline(values: Sequence[str]) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    repo = Path(__file__).resolve().parents[4]
+    repo = Path(__file__).resolve().parents[3]
     parser = argparse.ArgumentParser(
         prog="nightly-deploy",
         description="Run deploy.yml through ansible-runner (one run at a time), print a one-line "

@@ -10,7 +10,7 @@ environment as JSON, then the notes. ``-e`` passes extra variables to try a chan
 the whole result as one JSON object.
 
 ``--engine-version VERSION`` plans a candidate engine beside the one the host runs: the plan is
-computed twice, as the host is and with the candidate's lock (``tools/lib/deploytools/launch_plan/engines.json``
+computed twice, as the host is and with the candidate's lock (``tools/deploytools/launch_plan/engines.json``
 names the lock of each supported version), and what differs is printed: the flags, the
 environment and the memory budget side by side (KV tokens, mamba slots, effective running
 requests, context length). Nothing changes anywhere; a candidate the plan refuses (a known-bad
@@ -32,9 +32,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "playbooks" / "launch-plan.yml"
-ENGINE_FACTS = REPO / "tools" / "lib" / "deploytools" / "launch_plan" / "engines.json"
+ENGINE_FACTS = REPO / "tools" / "deploytools" / "launch_plan" / "engines.json"
 # The memory budget's figures shown side by side for a candidate engine (plan["budget"] keys).
 BUDGET_ROWS = (
     ("kv_tokens", "KV tokens per GPU"),

@@ -1,9 +1,11 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """The deploy's one helper on the host: who listens on a TCP port, read from /proc (no ss or lsof).
 
-Standard library only, run with the host's python3. The preflight role ships this file itself
-(``ansible.builtin.script``); the adopt and inference_server roles ship it from links in their
-own ``files/`` to ``roles/preflight/files/llm_host.py``. Subcommands:
+Standard library only, run with the host's python3. One file, three uses: the Ansible module
+``llm_host`` (role llm_host, a dependency of preflight, adopt and inference_server; each
+subcommand below is its ``command``, the rest of the command line its ``args``, the JSON its
+``host`` result), the same subcommands on a command line (``llm_host.py SUBCOMMAND ...``, for
+the tests and by hand), and the unit's port guard (installed by inference_server). Subcommands:
 
 ``facts PORT [STATE_FILE] [--path PATH]...`` (preflight: the host facts a deploy checks before it
 changes anything)
@@ -67,6 +69,58 @@ which runs it as ``port-guard PORT UNIT [GRACE_S]``, the unit's ``ExecStartPre=+
 """
 
 from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: llm_host
+short_description: Read the server's host in one round trip; find, keep, stop or restore a server started by hand
+description:
+  - Runs one subcommand of the deploy's host helper and returns its JSON object as C(host).
+  - C(facts) (role preflight) reads glibc, the GPUs, who listens on the server's port, the
+    last-known-good record and what is at given paths.
+  - C(inspect), C(record), C(restore), C(switch) and C(alive) (role adopt) find a server started
+    by hand, keep what it takes to start it again, put it back, stop it and switch the venv link,
+    or tell whether it still runs. Secret-looking values never leave the host (masked as ***).
+  - Standard library only, run by the host's python3; the same file is the unit's port guard
+    (C(port-guard PORT UNIT [GRACE_S])).
+options:
+  command:
+    description: The subcommand.
+    type: str
+    required: true
+    choices: [facts, inspect, record, restore, switch, alive]
+  args:
+    description: The subcommand's arguments, as on its command line (the file's docstring lists them).
+    type: list
+    elements: str
+    default: []
+notes:
+  - Check mode runs C(facts), C(inspect) and C(alive) (they change nothing) and skips the others,
+    returning C(changed=true) and an empty C(host).
+author: llm-deploy
+"""
+
+EXAMPLES = r"""
+- name: Read the host facts of a deploy
+  llm_host:
+    command: facts
+    args: ["8000", /var/lib/inference-server/deployed.json, --path, /opt/ml-env]
+  register: host_facts
+
+- name: Find the server that runs by hand on port 8000
+  llm_host:
+    command: inspect
+    args: ["8000", inference-server]
+  register: by_hand
+"""
+
+RETURN = r"""
+host:
+  description: The subcommand's JSON object (see the file's docstring for each subcommand's keys).
+  returned: success
+  type: dict
+"""
+
 
 import grp
 import json
@@ -675,7 +729,9 @@ def adopt_main(argv: list[str]) -> int:
 # guard: the unit's port guard (ExecStartPre=+ of inference_server)
 # --------------------------------------------------------------------------------------
 
-OK, HELD, USAGE = 0, 1, 2
+OK = 0
+HELD = 1
+USAGE = 2
 
 
 def alive(pid: int) -> bool:
@@ -775,5 +831,46 @@ def main(argv: list[str]) -> int:
     return adopt_main(argv[1:])
 
 
+# --------------------------------------------------------------------------------------
+# The Ansible module
+# --------------------------------------------------------------------------------------
+
+# The subcommands that change the host (skipped in check mode).
+CHANGING = ("record", "restore", "switch")
+
+
+def run_module() -> None:
+    """The module: run ``command`` with ``args`` and return its JSON object as ``host``."""
+    import contextlib
+    import io
+
+    from ansible.module_utils.basic import AnsibleModule
+
+    module = AnsibleModule(
+        argument_spec={
+            "command": {"type": "str", "required": True, "choices": ["facts", "inspect", *CHANGING, "alive"]},
+            "args": {"type": "list", "elements": "str", "default": []},
+        },
+        supports_check_mode=True,
+    )
+    command, args = module.params["command"], module.params["args"]
+    if module.check_mode and command in CHANGING:
+        module.exit_json(changed=True, host={})
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = facts_main(args) if command == "facts" else adopt_main([command, *args])
+        except SystemExit as exc:  # argparse's usage error
+            status = exc.code if isinstance(exc.code, int) else USAGE
+    if status != 0:
+        module.fail_json(msg=f"llm_host {command} failed (exit {status}): {err.getvalue().strip()}", rc=status)
+    host = json.loads(out.getvalue())
+    module.exit_json(changed=bool(host.get("changed", command in CHANGING)), host=host)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    # A command line (a subcommand, or the port guard's name) runs as a script; Ansible runs the
+    # module with no arguments.
+    if len(sys.argv) > 1 or os.path.basename(sys.argv[0]) == GUARD_NAME:
+        sys.exit(main(sys.argv))
+    run_module()

@@ -1,1 +1,0 @@
-../../preflight/files/llm_host.py

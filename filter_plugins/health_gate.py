@@ -1,0 +1,31 @@
+"""Ansible filter for the health gate's preflight: its variables checked by the gate's own rules.
+
+The rules are the gate's package ``llm_gate`` (roles/health_gate/module_utils/llm_gate, installed
+in the controller's venv by make setup, pyproject.toml): the same table the module and the CLI
+check their options with, applied here on the controller, before anything changes on the host.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_gate import DEFAULTS, variable_problems
+
+
+def health_gate_problems(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """One sentence per variable (``prefix`` + option name) whose value breaks the gate's rules.
+
+    Raises ValueError for a key that is no gate option (a mistake in the task, not in the input).
+    """
+    unknown = sorted(set(values) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"health_gate_problems: unknown gate options: {', '.join(unknown)}")
+    return variable_problems(values, prefix)
+
+
+class FilterModule:
+    """Ansible filters of the health gate's preflight."""
+
+    def filters(self) -> dict[str, Any]:
+        """Map filter names to functions."""
+        return {"health_gate_problems": health_gate_problems}

@@ -82,6 +82,12 @@ def test_a_margin_is_a_lead(value, base, ok):
     assert got["needed"] == (55.0 if base else None)
 
 
+def test_a_lead_must_be_more_than_the_margin():
+    """40 x 1.25 is exactly 50.0: reaching it is not beating it."""
+    assert llm_gate.compare_reference(50.0, {"decode_tps_mean": 40.0, "margin_pct": 25})["ok"] is False
+    assert llm_gate.compare_reference(50.01, {"decode_tps_mean": 40.0, "margin_pct": 25})["ok"] is True
+
+
 def test_the_reference_reports_share_and_change():
     got = llm_gate.compare_reference(42.0, {"decode_tps_mean": 40.0, "min_share": 0.5})
     assert (got["share"], got["change_pct"], got["value"], got["reference"]) == (1.05, 5.0, 42.0, 40.0)

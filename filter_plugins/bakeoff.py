@@ -1,6 +1,6 @@
 """Filters of playbooks/bakeoff.yml: the figures of a gate report, and the bake-off table.
 
-    {{ report | bakeoff_figures }}             -> {decode_tps_mean, ttft_p95_s, accept_length, total_tps, ...}
+    {{ report | bakeoff_figures }}             -> {decode_tps_mean, ttft_p95_s, total_tps, reference, ...}
     {{ table | bakeoff_markdown }}             -> the Markdown table of a bake-off
 
 Standard library only.
@@ -29,6 +29,9 @@ def bakeoff_figures(report: Mapping[str, Any] | None) -> dict[str, Any]:
         "summary": report.get("summary"),
         "timestamp": report.get("timestamp"),
         "unit_sha256": (report.get("metadata") or {}).get("unit_sha256"),
+        # The gate's comparison with the incumbent (a candidate's trial: health_gate_reference), whose
+        # ``ok`` says whether it beats it by the margin; None for the incumbent's own gates.
+        "reference": (report.get("verdict") or {}).get("reference"),
     }
 
 

@@ -37,8 +37,12 @@ def test_figures_of_a_report():
         "summary": "gate PASS",
         "timestamp": "t",
         "unit_sha256": "u",
+        "reference": None,
     }
     assert bakeoff.bakeoff_figures({}) == {} and bakeoff.bakeoff_figures(None) == {}
+    # a candidate's trial gate carries its comparison with the incumbent: the bake-off reads it
+    verdict = {"reference": {"ok": True, "value": 60.0, "reference": 50.0, "margin_pct": 10.0}}
+    assert bakeoff.bakeoff_figures(dict(report(60.0), verdict=verdict))["reference"] == verdict["reference"]
 
 
 def test_the_table_in_markdown():

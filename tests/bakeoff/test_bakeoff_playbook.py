@@ -34,7 +34,7 @@ STUB = [
                     "'metadata': {'unit_sha256': 'u'}, 'aggregate': {'decode_tps_mean': fake_tps | float, "
                     "'ttft_p95_s': 0.1, 'total_tps': fake_tps | float * (health_gate_concurrency | default(1) | int), "
                     "'requests': 4}, 'settings': {'concurrency': health_gate_concurrency | default(1) | int}, "
-                    "'speculative': none} | to_json }}",
+                    "'speculative': none, 'verdict': {'reference': _stub_reference}} | to_json }}",
                     "dest": "{{ item }}",
                     "mode": "0644",
                 },
@@ -42,6 +42,21 @@ STUB = [
                     "{{ stub_state_dir }}/gate/2{{ now(utc=true).strftime('%Y%m%dT%H%M%S%f') }}.json",
                     "{{ stub_state_dir }}/gate/latest.json",
                 ],
+                # The real gate compares with health_gate_reference in llm_gate.verdict (tests/health_gate);
+                # here only its ok, for the bake-off to read.
+                "vars": {
+                    "_stub_reference": "{{ {'ok': fake_tps | float > health_gate_reference.decode_tps_mean | float "
+                    "* (1 + health_gate_reference.margin_pct | float / 100)} if health_gate_reference is defined "
+                    "and health_gate_reference.decode_tps_mean is number else none }}"
+                },
+            },
+            {
+                "name": "Record the reference the gate was given",
+                "ansible.builtin.shell": (
+                    "echo '{{ health_gate_reference | to_json }}' >> {{ stub_state_dir }}/references.log"
+                ),
+                "changed_when": True,
+                "when": "health_gate_reference is defined",
             },
             {
                 "name": "Record who ran",
@@ -148,6 +163,9 @@ def test_the_winner_is_kept_when_it_beats_the_margin(tmp_path):
     # Incumbent, three trials each with a gate at concurrency 2 (not the broken one), then the winner for real.
     runs = (state / "runs.log").read_text().split("\n")
     assert runs[:2] == ["rollback 50", "gate 50"] and runs[-2:] == ["deploy 80", ""]
+    # Each candidate's trial gate was given the incumbent's single-stream figure and the margin.
+    references = [json.loads(line) for line in (state / "references.log").read_text().splitlines()]
+    assert references == [{"decode_tps_mean": 50.0, "margin_pct": 10.0}] * 3
     assert "rollback" not in runs[2:]
 
 

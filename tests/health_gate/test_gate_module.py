@@ -235,7 +235,33 @@ def test_module_relative_gate_fails_a_slower_changed_unit(fake_server, tmp_path)
     out = run_module(dict(args, baseline=baseline, max_regression_pct=10))
     assert out["failed"] is True
     assert "below the last-known-good's" in out["msg"] and "(max_regression_pct 10)" in out["msg"]
-    assert out["report"]["baseline"]["compared"] is True
+    relative = out["verdict"]["relative"]
+    assert relative["compared"] is True and relative["passed"] is False and relative["baseline"] == baseline
+    assert out["verdict"]["absolute"]["passed"] is True and out["baseline"] is None  # a failed gate records nothing
     same = run_module(dict(args, baseline=dict(baseline, unit_sha256="new"), max_regression_pct=10))
     assert same["passed"] is True
     assert "not compared with the last-known-good: the unit is the last-known-good one" in same["report"]["notes"]
+    assert same["verdict"]["relative"]["compared"] is False
+
+
+def test_module_returns_the_verdict_the_roles_read(fake_server, tmp_path):
+    """verdict (with the reference comparison) and baseline, through Ansible's argument spec, in the report too."""
+    server = fake_server()
+    args = short_gate(server, tmp_path, metadata={"unit_sha256": "u1"})
+    out = run_module(dict(args, reference={"decode_tps_mean": 1e9, "min_share": 0.5}))
+    assert out["passed"] is True, out.get("msg")
+    verdict = out["verdict"]
+    figures = verdict["figures"]
+    assert figures["unit_sha256"] == "u1"
+    assert figures["decode_tps_mean"] == out["report"]["aggregate"]["decode_tps_mean"]
+    # no kept baseline: the next deploy compares with this gate's figures
+    assert out["baseline"] == verdict["baseline"] == figures
+    # the reference is reported, never failing the gate: the caller reads ok
+    assert verdict["reference"]["ok"] is False and verdict["reference"]["needed"] == 5e8
+    stored = json.loads(Path(out["report_path"]).read_text())
+    assert stored["verdict"] == verdict
+    kept = dict(figures, decode_tps_mean=1.0, timestamp="earlier")
+    again = run_module(dict(args, baseline=kept))
+    assert again["baseline"] == kept  # the same unit and measurement keep their record
+    bad = run_module(dict(args, reference={"decode_tps_mean": 1, "min_share": 1, "margin_pct": 1}))
+    assert bad["failed"] is True and "reference needs exactly one of min_share and margin_pct" in bad["msg"]

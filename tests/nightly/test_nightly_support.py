@@ -1,9 +1,9 @@
 """Shared helpers for the nightly-deploy tests (imported by the other ``test_nightly_*``).
 
 Imports the package behind tools/nightly-deploy (deploytools.nightly), runs the tool as a
-program against the fixture project (tests/nightly/fixtures: two local hosts, a unit file,
-the role's restart fact, the handler "Restart inference server" and a fixture health_gate
-module), and reads its JSON summary.
+program against the fixture project (tests/nightly/fixtures: two local hosts, a unit file whose
+change "restarts" the server, a fixture health_gate module, both reported through set_stats as
+the real roles do), and reads its JSON summary.
 """
 
 from __future__ import annotations
@@ -114,9 +114,11 @@ def test_fixture_project_is_complete():
         "deploy.yml",
         "wait.yml",
         "library/health_gate.py",
-        "roles/fixture_server/handlers/main.yml",
-        "events/health_gate_pass.json",
+        "roles/fixture_server/tasks/main.yml",
+        "events/sim_noop_run.json",
     ):
         assert (FIXTURE / rel).is_file(), rel
-    tasks = (FIXTURE / "roles/fixture_server/tasks/main.yml").read_text()
-    assert load_tool().events.RESTART_FACT + ":" in tasks
+    # the fixture reports as the real roles do: set_stats under the key nightly reads
+    key = load_tool().events.STATS_KEY + ":"
+    assert key in (FIXTURE / "roles/fixture_server/tasks/main.yml").read_text()
+    assert key in (FIXTURE / "deploy.yml").read_text()

@@ -19,7 +19,7 @@ SHARD = "model-00004-of-00004.safetensors"
 ROLE_TASKS = {
     "ml_env": "ml_env : Compare the installed packages with the lock",
     "model_sync": "model_sync : Push the model from the controller into the incoming snapshot",
-    "inference_server": "inference_server : Write the unit and the inputs that hold no secret",
+    "inference_server": "inference_server : Write the unit and its inputs (the secret ones without log or diff)",
 }
 
 

@@ -215,7 +215,7 @@ def test_nightly_run_puts_drift_back_and_reports_it():
     summary = json.loads(run["stdout"])
     drifted = summary["hosts"]["molecule-fleet-2"]
     changed = " ".join(drifted["changed_tasks"])
-    assert "Write the unit and the inputs that hold no secret" in changed
+    assert "Write the unit and its inputs (the secret ones without log or diff)" in changed
     assert "Install exactly the locked packages" in changed
     assert drifted["restarts"] == 1
     assert unit_sha(run["after"], "molecule-fleet-2") == unit_sha(run["before"], "molecule-fleet-2")

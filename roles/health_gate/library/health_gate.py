@@ -36,7 +36,8 @@ description:
     accept length >= O(min_accept_length), running requests >= O(min_running_requests) (the
     last two only when the engine reports them). A threshold of 0 disables its check. With
     O(baseline) and O(max_regression_pct), the same figures must also be within that many
-    percent of the last-known-good's (the relative gate); the running requests must not drop at all."
+    percent of the last-known-good's (the relative gate); the running requests must not drop at all.
+    The whole verdict is returned as RV(verdict), with the RV(baseline) the last-known-good records next."
   - "B(Report): a JSON report (also for a failed gate) is written to O(report_dir) as
     C(<UTC timestamp>.json) plus C(latest.json); the history is pruned to O(keep_reports).
     The module always returns C(changed=false): reports are logs, not configuration."
@@ -157,6 +158,15 @@ options:
       - Compared only when O(max_regression_pct) is above 0, the unit differs from the baseline's
         (C(metadata.unit_sha256)) and the measurement is the same; the report says why not otherwise.
     type: dict
+  reference:
+    description:
+      - "Another server's figure this gate is compared with, besides the verdict: C(decode_tps_mean) (null
+        when that server has none) and exactly one of C(min_share) (a floor: this server must reach that share
+        of it; adoption, the by-hand server's speed) or C(margin_pct) (a lead: this server beats it only when
+        it is faster by more than that many percent; bake-off, the last-known-good's speed)."
+      - "The comparison is returned as RV(verdict.reference) and never fails the gate: the caller decides on
+        its C(ok). With C(min_share), 0 or no reference figure is C(ok); with C(margin_pct), no figure is not."
+    type: dict
   max_regression_pct:
     description:
       - Fail when decode tok/s or the accept length is lower, or TTFT p95 higher, than the
@@ -250,8 +260,8 @@ report:
   description:
     - The full report. Keys include C(schema), C(timestamp), C(host), C(url), C(engine), C(version),
       C(model), C(settings), C(thresholds), C(readiness), C(server), C(warmup), C(requests) (per request),
-      C(aggregate), C(speculative), C(capacity), C(checks), C(passed), C(phase), C(reasons), C(evidence), C(unit),
-      C(metadata), C(summary), C(duration_s).
+      C(aggregate), C(speculative), C(capacity), C(checks), C(passed), C(phase), C(reasons), C(verdict), C(evidence),
+      C(unit), C(metadata), C(summary), C(duration_s).
   returned: always (after the options were accepted)
   type: dict
   contains:
@@ -297,6 +307,49 @@ report:
       type: list
       elements: str
       returned: always
+verdict:
+  description:
+    - The verdict, decided in one place (C(llm_gate.verdict)) and read by the roles and playbooks, which
+      decide nothing again. Also in the report as C(verdict).
+    - "C(passed), C(reasons); C(absolute) (the thresholds) and C(relative) (against O(baseline): C(compared),
+      C(note), the C(baseline) compared with), each C(passed), C(checks), C(reasons), or null when the gate
+      failed before it judged; C(reference) (against O(reference)), C(figures) (this gate's, as a baseline
+      record) and C(baseline) (as RV(baseline))."
+  returned: always (after the options were accepted)
+  type: dict
+  contains:
+    reference:
+      description:
+        - "The comparison with O(reference): C(value), C(reference), C(needed), C(share), C(change_pct), C(ok),
+          and C(min_share) or C(margin_pct). Null without O(reference) or a measurement."
+      type: dict
+      returned: always
+      sample: {figure: decode_tps_mean, value: 47.9, reference: 52.0, min_share: 0.9, needed: 46.8,
+               share: 0.921, change_pct: -7.88, ok: true}
+    figures:
+      description: This gate's figures, unit and measurement as a baseline record; null before a measurement.
+      type: dict
+      returned: always
+baseline:
+  description:
+    - "What the last-known-good records for the next deploy's relative gate, once this gate passed; null
+      when it failed. The O(baseline) itself when it was measured on this unit with this measurement (a no-op
+      deploy keeps its record), this gate's figures otherwise."
+  returned: always (after the options were accepted)
+  type: dict
+  sample:
+    unit_sha256: 9f2c...
+    decode_tps_mean: 52.3
+    ttft_p95_s: 0.41
+    accept_length: 2.1
+    effective_max_running_requests: 4
+    timestamp: "2026-11-29T22:40:00Z"
+    requests: 8
+    concurrency: 1
+    max_tokens: 256
+    prompts: [py-log-top-errors, py-fix-slow-dedupe]
+    warmup_requests: 2
+    fixed_output: ignore_eos
 msg:
   description: The summary line; on failure followed by the exception line and the journal of this start.
   returned: always
@@ -350,6 +403,7 @@ def argument_spec() -> dict:
         engine=dict(type="str", default=DEFAULTS["engine"], choices=list(ENGINES)),
         prompts=dict(type="raw"),
         baseline=dict(type="dict"),
+        reference=dict(type="dict"),
         report_dir=dict(type="path"),
         metadata=dict(type="dict", default={}),
     )
@@ -376,7 +430,16 @@ def main() -> None:
             path = store_report(report, report_dir, params["keep_reports"])
         except OSError as exc:
             module.warn(f"health_gate: could not store the report in {report_dir}: {exc}")
-    result = dict(changed=False, passed=report["passed"], summary=report["summary"], report=report, report_path=path)
+    verdict = report["verdict"]
+    result = dict(
+        changed=False,
+        passed=report["passed"],
+        summary=report["summary"],
+        verdict=verdict,
+        baseline=verdict["baseline"],
+        report=report,
+        report_path=path,
+    )
     if report["passed"]:
         module.exit_json(msg=report["summary"], **result)
     module.fail_json(msg=failure_message(report), **result)

@@ -9,16 +9,15 @@ artifacts there (``artifacts/deploy/{stdout,job_events/,rc,status}``); this tool
 Only one run at a time: a lock file (``fcntl.flock``) is taken before anything else; a
 second run prints one ``LOCKED`` line and exits with code 3 at once.
 
-What the summary reads from ansible-runner's event stream (see docs/nightly.md):
+What the summary reads from ansible-runner's record of the run (see docs/nightly.md):
 
-* changed / failed tasks per host: ``runner_on_ok`` (``res.changed``) and
-  ``runner_on_failed`` events; the per-host totals from ``playbook_on_stats``;
-* service restarts: the inference_server role's fact ``inference_server_restarted``
-  (``RESTART_FACT``: its set_fact result carries ``res.ansible_facts``), and changed results
-  of a service module (``SERVICE_ACTIONS``) called with ``state: restarted`` (the role's
-  handler, the rollback's restart); the fact's restart and its handler's are one;
-* the gate figure: the result of the ``health_gate`` module (``GATE_ACTIONS``) at
-  ``GATE_TPS_KEY_PATHS`` (first match wins), and the unit it watched.
+* the per-host totals: the play recap (``playbook_on_stats``, as ``Runner.stats`` gives it);
+* what the roles report themselves through ``set_stats`` (``events.STATS_KEY``, handed over
+  by ansible-runner as that event's ``artifact_data``): the server's deliberate restarts
+  (roles/inference_server, one per new start of the unit) and the gate's verdict and figures
+  (roles/health_gate), nothing recognised by a task's name or module;
+* the changed and failed tasks, by name for the reader: ``runner_on_ok`` (``res.changed``)
+  and ``runner_on_failed`` events.
 
 Regression check: each host's gate figure is compared with the last figure recorded as a
 baseline for that host in ``history.json`` next to the artifacts; more than

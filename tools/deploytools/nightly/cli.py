@@ -17,10 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .events import (
-    GATE_ACTIONS,
-    GATE_TPS_KEY_PATHS,
-    RESTART_FACT,
-    SERVICE_ACTIONS,
+    STATS_KEY,
     HostSummary,
     as_number,
     iso,
@@ -412,9 +409,7 @@ def judge_host(
         "changed_tasks": summary.changed_tasks,
         "failed_tasks": summary.failed_tasks,
         "restarts": summary.restarts,
-        "restart_tasks": summary.restart_tasks,
-        "starts": len(summary.start_tasks),
-        "start_tasks": summary.start_tasks,
+        "restart_invocations": summary.restart_invocations,
         "gate": gate.as_dict() if gate else None,
         "drop_check": {
             "verdict": verdict,
@@ -493,12 +488,8 @@ def _run_locked(opts: Options, started: dt.datetime, clock: float, prefix: str) 
         "reasons": reasons,
         "max_drop_percent": opts.max_drop_percent,
         "rebaseline": opts.rebaseline,
-        "markers": {
-            "restart_fact": RESTART_FACT,
-            "service_actions": sorted(SERVICE_ACTIONS),
-            "gate_actions": sorted(GATE_ACTIONS),
-            "gate_tps_key_paths": [".".join(p) for p in GATE_TPS_KEY_PATHS],
-        },
+        # Where the roles' reports are in ansible-runner's playbook_on_stats event (set_stats).
+        "reported_stats": f"artifact_data.{STATS_KEY}",
         "artifacts": str(run_dir),
         "history_file": str(opts.history_file),
         "pruned": pruned,

@@ -30,9 +30,12 @@ What a gate run does, in order (:func:`run_gate`):
    ``/generate`` call's ``meta_info.spec_accept_length``; the requests the scheduler runs at
    once from ``internal_states[0].effective_max_running_requests_per_dp`` (SGLang 0.5.17
    starts with it capped below ``--max-running-requests`` when the mamba state cache is small).
-5. **Verdict.** Mean decode tok/s >= ``min_decode_tps``, TTFT p95 <= ``max_ttft_s``,
-   accept length >= ``min_accept_length`` and running requests >= ``min_running_requests``
-   (each of the last two only when the engine reports it).
+5. **Verdict** (:mod:`.verdict`, the one place for it). Mean decode tok/s >= ``min_decode_tps``,
+   TTFT p95 <= ``max_ttft_s``, accept length >= ``min_accept_length`` and running requests >=
+   ``min_running_requests`` (each of the last two only when the engine reports it); with a
+   ``baseline``, the relative gate against the last-known-good; with a ``reference``, this
+   server's decode speed against another's (reported, never failing the gate). The report's
+   ``verdict`` holds all of it and the ``baseline`` the last-known-good records next.
 
 The result is one JSON-serialisable report (:func:`run_gate` never raises for a failed
 gate, only :class:`GateUsageError` for bad options); :func:`store_report` keeps it on
@@ -56,6 +59,7 @@ from .config import (
     DEFAULTS,
     ENGINES,
     RANGE_RULES,
+    REFERENCE_KEYS,
     SCHEMA_VERSION,
     TTFT_STATISTIC,
     GateConfig,
@@ -85,7 +89,19 @@ from .repeat import repeat_table, repeatability, run_repeat, spread_pct
 from .report import REPORT_NAME_RE, store_report, utc_now
 from .stats import aggregate, decode_tps, percentile
 from .streaming import CHAT_PATH, FIXED_OUTPUT, RequestResult, fixed_output_fields, run_requests, stream_chat
-from .verdict import baseline_of, capacity_reason, compare_baseline, evaluate, failure_message, summary_line
+from .verdict import (
+    REFERENCE_MODES,
+    baseline_of,
+    capacity_reason,
+    compare_baseline,
+    compare_reference,
+    evaluate,
+    failure_message,
+    judge,
+    next_baseline,
+    summary_line,
+    verdict_of,
+)
 from .watchers import (
     CLD_CODES,
     EXCEPTION_RE,
@@ -115,6 +131,8 @@ __all__ = [
     "HEALTH_PATH",
     "PHASE_TEXT",
     "RANGE_RULES",
+    "REFERENCE_KEYS",
+    "REFERENCE_MODES",
     "REPORT_NAME_RE",
     "SCHEMA_VERSION",
     "SERVER_INFO_KEYS",
@@ -140,17 +158,20 @@ __all__ = [
     "capacity_from_info",
     "capacity_reason",
     "compare_baseline",
+    "compare_reference",
     "decode_tps",
     "evaluate",
     "failure_message",
     "fixed_output_fields",
     "generate_accept_length",
     "get_server_info",
+    "judge",
     "last_exception_line",
     "list_models",
     "load_prompts",
     "make_config",
     "make_watcher",
+    "next_baseline",
     "percentile",
     "probe_health",
     "quote_body",
@@ -169,5 +190,6 @@ __all__ = [
     "utc_now",
     "validate_config",
     "variable_problems",
+    "verdict_of",
     "wait_ready",
 ]

@@ -33,6 +33,9 @@ BASELINE_COUNTS = ("effective_max_running_requests",)
 # (the warm-up decides what the prefix cache holds; ``fixed_output``: how the engine was asked for
 # exactly max_tokens tokens, None when it could not be). A baseline that lacks one is compared.
 BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts", "warmup_requests", "fixed_output")
+# The ``reference`` option: a reference server's decode tok/s and how this gate is held to it,
+# a floor (min_share, adoption) or a lead (margin_pct, bake-off); verdict.compare_reference.
+REFERENCE_KEYS = ("decode_tps_mean", "min_share", "margin_pct")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,7 @@ class GateConfig:
     min_accept_length: float = 0.0
     min_running_requests: int = 0
     baseline: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None
     max_regression_pct: float = 0.0
     regression_min_ttft_delta_s: float = 0.1
     allow_prior_restarts: bool = False
@@ -235,6 +239,34 @@ def variable_problems(values: dict[str, Any], prefix: str) -> list[str]:
     return problems
 
 
+def _check_reference(cfg: dict[str, Any], errors: list[str]) -> None:
+    """The ``reference`` option: a mapping of ``decode_tps_mean`` (a number, or null when the reference
+    server has none) and exactly one of ``min_share`` and ``margin_pct`` (0 or more); numbers converted
+    in ``cfg``, problems noted in ``errors``. An empty mapping is no reference.
+    """
+    reference = cfg.get("reference")
+    if not reference:
+        cfg["reference"] = None
+        return
+    if not isinstance(reference, dict):
+        errors.append("reference must be a mapping of decode_tps_mean and min_share or margin_pct")
+        return
+    checked = {key: value for key, value in reference.items() if value is not None}
+    unknown = sorted(set(reference) - set(REFERENCE_KEYS))
+    if unknown:
+        errors.append(f"reference has unknown keys {', '.join(unknown)} (known: {', '.join(REFERENCE_KEYS)})")
+    if ("min_share" in checked) == ("margin_pct" in checked):
+        errors.append("reference needs exactly one of min_share and margin_pct")
+    for key in sorted(set(checked) & set(REFERENCE_KEYS)):
+        found: list[str] = []
+        value = _number(checked, key, found)
+        if found:
+            errors.append("reference." + found[0])
+        elif key != "decode_tps_mean" and value < 0:
+            errors.append(f"reference.{key} must be 0 or more, got {value}")
+    cfg["reference"] = checked
+
+
 def validate_config(options: dict[str, Any]) -> GateConfig:
     """Check every option of a :func:`make_config` result; raise :class:`GateUsageError` listing all problems.
 
@@ -262,6 +294,7 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
                 isinstance(baseline[key], bool) or not isinstance(baseline[key], (int, float))
             ):
                 errors.append(f"baseline.{key} must be a number, got {baseline[key]!r}")
+    _check_reference(cfg, errors)
     if cfg.get("pid") is not None:
         pid = _number(cfg, "pid", errors, integer=True)
         if pid is not None and pid <= 0:

@@ -8,17 +8,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import discovery
 from .client import Endpoint
 from .config import SCHEMA_VERSION, GateConfig
-from .discovery import (
-    SERVER_INFO_KEYS,
-    accept_length_from_info,
-    capacity_from_info,
-    generate_accept_length,
-    get_server_info,
-    list_models,
-    resolve_model,
-)
 from .errors import GateFailure, RequestError
 from .monitor import Monitor
 from .readiness import PHASE_TEXT, wait_ready
@@ -26,7 +18,7 @@ from .redaction import redact
 from .report import TIMESTAMP_FORMAT, utc_now
 from .stats import aggregate, rounded
 from .streaming import fixed_output_fields, run_requests
-from .verdict import compare_baseline, evaluate, summary_line
+from .verdict import judge, summary_line, verdict_of
 from .watchers import NullWatcher, PidWatcher, UnitWatcher, make_watcher
 
 
@@ -60,6 +52,7 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
         "passed": False,
         "phase": "wait",
         "reasons": [],
+        "verdict": None,
         "evidence": None,
         "metadata": cfg.metadata,
     }
@@ -71,17 +64,17 @@ def _discover(
     """Engine, ``/server_info`` and the model id to send, noted in ``report``; (engine, info, model)."""
     report["phase"] = monitor.phase = "discover"
     timeout = cfg.health_timeout_s
-    info = monitor.call(get_server_info, endpoint, timeout)
+    info = monitor.call(discovery.get_server_info, endpoint, timeout)
     engine = cfg.engine
     if engine == "auto":
         engine = "sglang" if info else "generic"
     report["engine"] = engine
     if info:
         report["version"] = info.get("version")
-        report["server"] = {k: info.get(k) for k in SERVER_INFO_KEYS if k in info}
+        report["server"] = {k: info.get(k) for k in discovery.SERVER_INFO_KEYS if k in info}
     elif engine == "sglang":
         report["notes"].append("engine is sglang but /server_info and /get_server_info did not answer")
-    listed, note = monitor.call(list_models, endpoint, timeout)
+    listed, note = monitor.call(discovery.list_models, endpoint, timeout)
     if note in ("/v1/models answered HTTP 401", "/v1/models answered HTTP 403"):
         sent = "with the API key the gate sent" if cfg.api_key else "without an API key"
         raise GateFailure(
@@ -91,7 +84,7 @@ def _discover(
         )
     if note:
         report["notes"].append(note)
-    model, note = resolve_model(listed, cfg.model)
+    model, note = discovery.resolve_model(listed, cfg.model)
     if note:
         report["notes"].append(note)
     if not model:
@@ -122,6 +115,14 @@ def _measure(
     selection for new prompt lengths and the prefix cache are then behind the measurement.
     """
     fixed, extra = fixed_output_fields(engine, cfg.max_tokens)
+
+    def measure(count: int) -> tuple[list[Any], float]:
+        """``count`` requests from the first prompt on, ``cfg.concurrency`` at a time; (results, wall seconds)."""
+        return run_requests(
+            endpoint, model, cfg.prompts, count, cfg.concurrency, cfg.max_tokens, cfg.request_timeout_s, monitor,
+            first_index=0, extra=extra,
+        )  # fmt: skip
+
     report["settings"]["fixed_output"] = fixed
     if not fixed:
         report["notes"].append(
@@ -135,18 +136,7 @@ def _measure(
         )
     if cfg.warmup_requests:
         report["phase"] = monitor.phase = "warmup"
-        warm, warm_wall = run_requests(
-            endpoint,
-            model,
-            cfg.prompts,
-            max(cfg.warmup_requests, cfg.concurrency),
-            cfg.concurrency,
-            cfg.max_tokens,
-            cfg.request_timeout_s,
-            monitor,
-            first_index=0,
-            extra=extra,
-        )
+        warm, warm_wall = measure(max(cfg.warmup_requests, cfg.concurrency))
         report["warmup"] = {
             "requests": len(warm),
             "concurrency": cfg.concurrency,
@@ -161,18 +151,7 @@ def _measure(
         f"measuring: {cfg.requests} requests, concurrency {cfg.concurrency}, max_tokens {cfg.max_tokens}"
         + (f" (exactly, {fixed})" if fixed else "")
     )
-    results, wall = run_requests(
-        endpoint,
-        model,
-        cfg.prompts,
-        cfg.requests,
-        cfg.concurrency,
-        cfg.max_tokens,
-        cfg.request_timeout_s,
-        monitor,
-        first_index=0,
-        extra=extra,
-    )
+    results, wall = measure(cfg.requests)
     report["requests"] = [r.as_dict() for r in results]
     agg = aggregate(results, wall)
     report["aggregate"] = agg
@@ -195,7 +174,7 @@ def _info_after(endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, engine: s
     """
     if engine != "sglang":
         return None
-    return monitor.call(get_server_info, endpoint, cfg.health_timeout_s)
+    return monitor.call(discovery.get_server_info, endpoint, cfg.health_timeout_s)
 
 
 def _capacity(engine: str, info: dict[str, Any] | None, info_after: dict[str, Any] | None) -> dict[str, Any]:
@@ -209,7 +188,7 @@ def _capacity(engine: str, info: dict[str, Any] | None, info_after: dict[str, An
             "source": None,
             "note": f"engine {engine} reports no running-request limit",
         }
-    return capacity_from_info(info_after or info)
+    return discovery.capacity_from_info(info_after or info)
 
 
 def _speculative(
@@ -230,13 +209,13 @@ def _speculative(
     if not spec_algo:
         accept["note"] = "speculative decoding is off"
     else:
-        value = accept_length_from_info(info_after)
+        value = discovery.accept_length_from_info(info_after)
         accept["server_info"] = value
         if value is not None:
             accept.update(value=rounded(value, 3), source="server_info.internal_states[0].avg_spec_accept_length")
         else:
             gen, note = monitor.call(
-                generate_accept_length, endpoint, cfg.prompts[0], cfg.max_tokens, cfg.request_timeout_s
+                discovery.generate_accept_length, endpoint, cfg.prompts[0], cfg.max_tokens, cfg.request_timeout_s
             )
             accept["generate"] = gen
             if gen is not None:
@@ -248,23 +227,6 @@ def _speculative(
         if isinstance(state0, dict) and "last_gen_throughput" in state0:
             accept["last_gen_throughput"] = state0.get("last_gen_throughput")
     return accept
-
-
-def _judge(
-    cfg: GateConfig, agg: dict[str, Any], accept: dict[str, Any], capacity: dict[str, Any], report: dict[str, Any]
-) -> None:
-    """The absolute thresholds and the relative gate; the verdict goes into ``report``."""
-    report["phase"] = "evaluate"
-    report["checks"], report["reasons"] = evaluate(agg, accept, cfg, capacity)
-    relative, worse, note = compare_baseline(agg, accept, cfg, capacity, report["settings"].get("fixed_output"))
-    report["checks"] += relative
-    report["reasons"] += worse
-    if cfg.baseline:
-        report["baseline"] = dict(cfg.baseline, compared=bool(relative), note=note)
-    if note:
-        report["notes"].append(note)
-    report["passed"] = not report["reasons"]
-    report["phase"] = "done"
 
 
 def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -312,7 +274,7 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
 
         monitor.poll_now()
         monitor.check()
-        _judge(cfg, agg, accept, capacity, report)
+        judge(cfg, agg, accept, capacity, report)
     except GateFailure as exc:
         report["passed"] = False
         report["phase"] = exc.phase
@@ -332,6 +294,8 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         monitor.stop()
         report["unit"] = watcher.describe() if not isinstance(watcher, NullWatcher) else None
         report["duration_s"] = rounded(time.monotonic() - t_start, 3)
+    if report["verdict"] is None:  # failed before it was judged
+        report["verdict"] = verdict_of(report, cfg)
     report["summary"] = summary_line(report)
     say(report["summary"])
     return redact(report, [cfg.api_key or ""])

@@ -1,5 +1,11 @@
 # Copyright: the llm-deploy authors. GNU General Public License v3.0+.
-"""The verdict: thresholds, the relative gate against the last-known-good, and the words for both."""
+"""The verdict, the one place for it: the absolute thresholds, the relative gate against the
+last-known-good, the comparison with a reference server's figure (adoption, bake-off), the
+baseline the next deploy compares with, and the words for all of them.
+
+:func:`judge` puts it into the report as ``report["verdict"]`` (:func:`verdict_of`); the module
+returns it, and the roles and playbooks read its fields instead of deciding again.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import BASELINE_COUNTS, BASELINE_FIGURES, BASELINE_SETTINGS, TTFT_STATISTIC
 from .discovery import CAPACITY_KEY
+from .stats import rounded
 
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .config import GateConfig
@@ -135,7 +142,8 @@ def evaluate(
 
 
 def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
-    """What a passing report leaves for the next deploy's relative gate (last-known-good)."""
+    """The figures of a report as a baseline record: what the relative gate compares with (the
+    unit they were measured on, the figures, the measurement's settings, the time)."""
     agg = report.get("aggregate") or {}
     settings = report.get("settings") or {}
     return {
@@ -147,6 +155,119 @@ def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
         "timestamp": report.get("timestamp"),
         **{key: settings.get(key) for key in BASELINE_SETTINGS},
     }
+
+
+def next_baseline(kept: dict[str, Any] | None, figures: dict[str, Any]) -> dict[str, Any]:
+    """The baseline the next deploy compares with, once a gate with these ``figures`` (:func:`baseline_of`)
+    passed: the ``kept`` one (the last-known-good's, the gate's ``baseline`` option) when it was measured on
+    the same unit with the same measurement, so that a no-op deploy keeps its record as it was; these
+    ``figures`` otherwise.
+    """
+    kept = kept or {}
+    same = (
+        bool(kept)
+        and kept.get("unit_sha256", "") == figures.get("unit_sha256")
+        and all(kept.get(key) == figures.get(key) for key in BASELINE_SETTINGS)
+    )
+    return dict(kept) if same else dict(figures)
+
+
+# How a gate is compared with a reference server's decode tok/s (the ``reference`` option):
+# min_share, a floor (adoption: the new server reaches this share of the by-hand one);
+# margin_pct, a lead (bake-off: a candidate beats the last-known-good by more than this).
+REFERENCE_MODES = ("min_share", "margin_pct")
+
+
+def compare_reference(value: float | None, reference: dict[str, Any] | None) -> dict[str, Any] | None:
+    """This gate's mean decode tok/s (``value``) against ``reference`` (``decode_tps_mean`` and one of
+    :data:`REFERENCE_MODES`); None without a reference. Never fails the gate: the caller reads ``ok``.
+
+    ``min_share``: ok when the share is 0 (off), when the reference has no figure, or when the value reaches
+    ``needed`` = share x reference (both to one decimal, as the words show them; no figure counts as 0).
+    ``margin_pct``: ok only when both figures are known and the value is above ``needed`` = reference x
+    (1 + margin / 100). ``share`` is value / reference and ``change_pct`` the change in percent.
+    """
+    if not reference:
+        return None
+    base = reference.get("decode_tps_mean")
+    known = value is not None and base is not None and base > 0
+    out: dict[str, Any] = {
+        "figure": "decode_tps_mean",
+        "value": value,
+        "reference": base,
+        "share": round((value or 0.0) / base, 3) if base else None,
+        "change_pct": round(100.0 * (value - base) / base, 2) if known else None,
+    }
+    if reference.get("min_share") is not None:
+        share = float(reference["min_share"])
+        needed = None if base is None else round(base * share, 1)
+        out.update(value=round(value or 0.0, 1), min_share=share, needed=needed)
+        out["ok"] = share == 0 or needed is None or out["value"] >= needed
+    else:
+        margin = float(reference["margin_pct"])
+        needed = None if base is None else base * (1 + margin / 100.0)
+        out.update(margin_pct=margin, needed=rounded(needed, 3))
+        out["ok"] = value is not None and needed is not None and value > needed
+    return out
+
+
+def verdict_of(
+    report: dict[str, Any],
+    cfg: GateConfig,
+    absolute: tuple[list[dict[str, Any]], list[str]] | None = None,
+    relative: tuple[list[dict[str, Any]], list[str], str | None] | None = None,
+) -> dict[str, Any]:
+    """The gate's verdict as the module returns it and the roles read it (``report["verdict"]``).
+
+    ``passed`` and ``reasons`` (the report's); ``absolute`` (the thresholds: :func:`evaluate`) and
+    ``relative`` (the last-known-good: :func:`compare_baseline`, with the ``baseline`` compared with),
+    each ``{passed, checks, reasons}`` or None when the gate failed before it judged; ``reference``
+    (:func:`compare_reference`); ``figures``, this gate's as a baseline record (:func:`baseline_of`;
+    None before a measurement); ``baseline``, what the last-known-good records for the next deploy
+    (:func:`next_baseline`; None unless the gate passed).
+    """
+    figures = baseline_of(report) if report.get("aggregate") else None
+    passed = bool(report.get("passed"))
+    verdict: dict[str, Any] = {
+        "passed": passed,
+        "reasons": list(report.get("reasons") or []),
+        "absolute": None,
+        "relative": None,
+        "reference": compare_reference(figures["decode_tps_mean"], cfg.reference) if figures else None,
+        "figures": figures,
+        "baseline": next_baseline(cfg.baseline, figures) if passed and figures else None,
+    }
+    if absolute is not None:
+        verdict["absolute"] = {"passed": not absolute[1], "checks": absolute[0], "reasons": absolute[1]}
+    if relative is not None:
+        checks, reasons, note = relative
+        verdict["relative"] = {
+            "passed": not reasons,
+            "compared": bool(checks),
+            "checks": checks,
+            "reasons": reasons,
+            "note": note,
+            "baseline": cfg.baseline or None,
+        }
+    return verdict
+
+
+def judge(
+    cfg: GateConfig, agg: dict[str, Any], accept: dict[str, Any], capacity: dict[str, Any], report: dict[str, Any]
+) -> None:
+    """Judge a measured server: the absolute thresholds and the relative gate; the checks, reasons, notes,
+    ``passed`` and ``verdict`` go into ``report``.
+    """
+    report["phase"] = "evaluate"
+    absolute = evaluate(agg, accept, cfg, capacity)
+    relative = compare_baseline(agg, accept, cfg, capacity, report["settings"].get("fixed_output"))
+    report["checks"] = absolute[0] + relative[0]
+    report["reasons"] = absolute[1] + relative[1]
+    if relative[2]:
+        report["notes"].append(relative[2])
+    report["passed"] = not report["reasons"]
+    report["phase"] = "done"
+    report["verdict"] = verdict_of(report, cfg, absolute, relative)
 
 
 def compare_baseline(

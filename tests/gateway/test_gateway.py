@@ -11,7 +11,6 @@ their end, and that the drain wait sees those streams through their connections.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -26,6 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 import smg_api
+from role_files import import_file
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "gateway"
@@ -39,17 +39,9 @@ KEY = "test-control-plane-key-0123456789"
 sys.modules.setdefault("ansible.module_utils.smg_api", smg_api)
 
 
-def load(path: Path, name: str):
-    """Import a file that is not on sys.path (a module, the launcher)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-smg_worker = load(ROLE / "library" / "smg_worker.py", "smg_worker")
-inflight_wait = load(ROLE / "library" / "inflight_wait.py", "inflight_wait")
-launcher = load(ROLE / "files" / "smg-launch.py", "smg_launch")
+smg_worker = import_file(ROLE / "library" / "smg_worker.py")
+inflight_wait = import_file(ROLE / "library" / "inflight_wait.py")
+launcher = import_file(ROLE / "files" / "smg-launch.py", "smg_launch")
 
 
 def free_port() -> int:

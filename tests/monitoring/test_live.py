@@ -12,7 +12,6 @@ time until it resolves. The rules are the role's own, with that alert's ``for:``
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -28,14 +27,11 @@ import pytest
 import smg_api
 import yaml
 from monitoring_support import CACHE, REPO, RULES
+from role_files import import_file
 
 GATEWAY_ROLE = REPO / "roles" / "gateway"
 
-_spec = importlib.util.spec_from_file_location(
-    "prometheus_textfile", REPO / "filter_plugins" / "prometheus_textfile.py"
-)
-textfile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(textfile)
+textfile = import_file(REPO / "filter_plugins" / "prometheus_textfile.py")
 SMG_PYTHON = CACHE / "venvs" / "smg" / "bin" / "python"
 TRANSFORMERS = CACHE / "venvs" / "transformers-cpu" / "bin" / "transformers"
 MODEL = CACHE / "models" / "tiny-qwen3.5"

@@ -8,7 +8,6 @@ real in a systemd container (a foreign orphan refused, a left-over of the unit s
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -19,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from role_files import import_file
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_server" / "files"
 # The guard is a subcommand of the roles' one host helper, installed as .../port-guard.
@@ -35,10 +35,7 @@ time.sleep(60)
 
 def load() -> ModuleType:
     """The host helper (the guard among its subcommands) as a module."""
-    spec = importlib.util.spec_from_file_location("llm_host", HOST_TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_file(HOST_TOOL)
 
 
 def free_port() -> int:

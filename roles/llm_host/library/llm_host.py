@@ -293,6 +293,12 @@ def path_type(path: str) -> str:
 
 def facts_main(argv: list[str]) -> int:
     """``facts PORT [STATE_FILE] [--path PATH]...``: print the host facts as one JSON object."""
+    print(json.dumps(facts(argv)))
+    return 0
+
+
+def facts(argv: list[str]) -> dict[str, object]:
+    """The host facts for ``PORT [STATE_FILE] [--path PATH]...`` (argparse exits on a usage error)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="llm_host.py facts")
@@ -301,20 +307,15 @@ def facts_main(argv: list[str]) -> int:
     parser.add_argument("--path", action="append", default=[], help="report what is at PATH (repeatable)")
     args = parser.parse_args(argv)
     found, error = gpus()
-    print(
-        json.dumps(
-            {
-                "glibc": glibc_version(),
-                "gpus": found,
-                "gpu_error": error,
-                "port": port_owner(args.port),
-                "deployed": deployed_state(args.state_file),
-                "systemd": os.path.isdir("/run/systemd/system"),
-                "paths": {path: path_type(path) for path in args.path},
-            }
-        )
-    )
-    return 0
+    return {
+        "glibc": glibc_version(),
+        "gpus": found,
+        "gpu_error": error,
+        "port": port_owner(args.port),
+        "deployed": deployed_state(args.state_file),
+        "systemd": os.path.isdir("/run/systemd/system"),
+        "paths": {path: path_type(path) for path in args.path},
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -696,15 +697,22 @@ def switch(
 
 def adopt_main(argv: list[str]) -> int:
     """``inspect``, ``record``, ``restore``, ``switch`` and ``alive`` (``argv`` starts with the subcommand)."""
+    result = adopt(argv)
+    if result is None:
+        print(__doc__, file=sys.stderr)
+        return USAGE
+    print(json.dumps(result))
+    return 0
+
+
+def adopt(argv: list[str]) -> dict[str, object] | None:
+    """What ``adopt_main`` prints for ``argv``, or None for a usage error."""
     if len(argv) == 3 and argv[0] == "inspect":
-        print(json.dumps(masked(inspect(int(argv[1]), argv[2]))))
-        return 0
+        return masked(inspect(int(argv[1]), argv[2]))
     if len(argv) == 4 and argv[0] == "record":
-        print(json.dumps(record(int(argv[1]), argv[2], argv[3])))
-        return 0
+        return record(int(argv[1]), argv[2], argv[3])
     if len(argv) == 4 and argv[0] == "restore":
-        print(json.dumps(restore(argv[1], argv[2], argv[3])))
-        return 0
+        return restore(argv[1], argv[2], argv[3])
     if len(argv) >= 6 and argv[0] == "switch":
         rest = argv[6:]
         move = link = None
@@ -714,15 +722,11 @@ def adopt_main(argv: list[str]) -> int:
             elif rest[0] == "--link" and len(rest) >= 3:
                 link, rest = rest[1:3], rest[3:]
             else:
-                print(__doc__, file=sys.stderr)
-                return 2
-        print(json.dumps(switch(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5]), move, link)))
-        return 0
+                return None
+        return switch(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5]), move, link)
     if len(argv) == 3 and argv[0] == "alive":
-        print(json.dumps({"alive": same_process(int(argv[1]), int(argv[2]))}))
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+        return {"alive": same_process(int(argv[1]), int(argv[2]))}
+    return None
 
 
 # --------------------------------------------------------------------------------------
@@ -841,9 +845,6 @@ CHANGING = ("record", "restore", "switch")
 
 def run_module() -> None:
     """The module: run ``command`` with ``args`` and return its JSON object as ``host``."""
-    import contextlib
-    import io
-
     from ansible.module_utils.basic import AnsibleModule
 
     module = AnsibleModule(
@@ -856,15 +857,15 @@ def run_module() -> None:
     command, args = module.params["command"], module.params["args"]
     if module.check_mode and command in CHANGING:
         module.exit_json(changed=True, host={})
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = facts_main(args) if command == "facts" else adopt_main([command, *args])
-        except SystemExit as exc:  # argparse's usage error
-            status = exc.code if isinstance(exc.code, int) else USAGE
-    if status != 0:
-        module.fail_json(msg=f"llm_host {command} failed (exit {status}): {err.getvalue().strip()}", rc=status)
-    host = json.loads(out.getvalue())
+    try:
+        host = facts(args) if command == "facts" else adopt([command, *args])
+    except SystemExit as exc:  # a refusal ({"failed": true, "msg": ...}) or argparse's usage error
+        refusal = f"exit {exc.code}"
+        if isinstance(exc.code, str):
+            refusal = json.loads(exc.code).get("msg", exc.code) if exc.code.startswith("{") else exc.code
+        module.fail_json(msg=f"llm_host {command} {' '.join(args)}: {refusal}")
+    if host is None:
+        module.fail_json(msg=f"llm_host {command}: wrong arguments {args} (the module's documentation lists them)")
     module.exit_json(changed=bool(host.get("changed", command in CHANGING)), host=host)
 
 

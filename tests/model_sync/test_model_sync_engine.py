@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from model_sync_lib.state import State
 
 ROOT = Path(__file__).resolve().parents[2]
 LIB_DIR = ROOT / "roles/model_sync/module_utils"
-LAUNCHER = ROOT / "roles/model_sync/files/model-sync"
+LAUNCHER = LIB_DIR / "model-sync"
 
 
 def write_shard(path: Path, name: str, nbytes: int, seed: int) -> None:
@@ -523,15 +524,20 @@ def test_install_writes_the_package_once_and_removes_the_single_file_engine(tmp_
     (lib / "model_sync_lib" / "cli.py").chmod(0o600)
     checked = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), check=True, **owner))
     assert checked["changed"] and (lib / "model_sync_lib" / "cli.py").stat().st_mode & 0o777 == 0o600
-    # The launcher, as on a host (python3 -IS), reading the package where the install put it.
+    # The launcher as on a host: copied beside the installed package and run through the
+    # command's link (tasks/install.yml), so it imports the package from its own directory.
+    shutil.copy2(LAUNCHER, lib / "model-sync")
+    (tmp_path / "sbin").mkdir()
+    (tmp_path / "sbin" / "model-sync").symlink_to(lib / "model-sync")
+    (lib / "model_sync_lib" / "cli.py").write_text("def main():\n    print('the installed package')\n")
     out = subprocess.run(
-        [sys.executable, "-IS", str(LAUNCHER), "listing", str(LIB_DIR)],
+        [sys.executable, "-SE", str(tmp_path / "sbin" / "model-sync"), "listing", str(LIB_DIR)],
         capture_output=True,
         text=True,
         check=True,
-        env=dict(os.environ, MODEL_SYNC_LIB=str(lib)),
+        cwd=tmp_path,
     ).stdout
-    assert "model_sync_lib/cli.py" in out
+    assert out == "the installed package\n"
 
 
 def test_hub_helper_runs_as_its_source_and_does_nothing_on_import():

@@ -3,7 +3,7 @@
 
 The engine is the package ``module_utils/model_sync_lib`` of this role (AnsiballZ ships it);
 this file holds the module's documentation, its argument spec and the dispatch of its
-actions. The same engine is the ``model-sync`` command (``files/model-sync``).
+actions. The same engine is the ``model-sync`` command (the launcher ``module_utils/model-sync``).
 """
 
 from __future__ import annotations

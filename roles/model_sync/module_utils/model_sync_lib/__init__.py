@@ -2,8 +2,8 @@
 
 The engine behind the ``model_sync`` module (``library/model_sync.py``, which ships this
 package through AnsiballZ as ``ansible.module_utils.model_sync_lib``) and the ``model-sync``
-command (``files/model-sync``, which imports it as ``model_sync_lib`` from
-``/usr/local/lib/model-sync`` on hosts, or from this directory in a checkout). Modules import
+command (the launcher ``model-sync`` beside this package, in the role's ``module_utils/`` and
+in ``/usr/local/lib/model-sync`` on hosts, imports it as ``model_sync_lib``). Modules import
 each other relatively, so both names work, and only the Python standard library is used, so
 the host's ``python3`` runs it.
 

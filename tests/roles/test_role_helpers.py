@@ -207,3 +207,19 @@ def test_host_facts_tells_what_is_at_each_path_without_following_links(tmp_path)
     argv = [sys.executable, str(HOST_FACTS), "facts", "1"] + [arg for path in paths for arg in ("--path", path)]
     facts = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"], strict=True))
+
+
+def test_host_facts_report_who_may_open_the_gpu_device_nodes(tmp_path, monkeypatch):
+    """Character devices matching the globs, with their mode, owner and group; nothing else."""
+    llm_host = import_file(HOST_FACTS)
+    (tmp_path / "nvidia-notadevice").write_text("")
+    monkeypatch.setattr(llm_host, "GPU_DEVICE_GLOBS", ("/dev/nul*", "/dev/zero", str(tmp_path / "nvidia*")))
+    nodes = llm_host.gpu_device_nodes()
+    assert [node["path"] for node in nodes] == ["/dev/null", "/dev/zero"]
+    for node in nodes:
+        st = Path(node["path"]).stat()
+        mode, owner_group = node["access"].split()
+        assert int(mode, 8) == st.st_mode & 0o7777
+        assert owner_group == f"{llm_host.user_of(st.st_uid)}:{llm_host.group_of(st.st_gid)}"
+    monkeypatch.setattr(llm_host, "GPU_DEVICE_GLOBS", (str(tmp_path / "none*"),))
+    assert llm_host.gpu_device_nodes() == []

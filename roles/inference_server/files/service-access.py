@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Can the service account reach the venv, the model and its own directories? Which groups do
-the GPU device nodes need? (inference_server's precheck, before anything changes on the host)
+the GPU device nodes need? (inference_server's tasks/access.yml, before anything changes on the host)
 
 ``service-access.py USER GROUP [--group G]... [--read VAR=PATH]... [--own VAR=PATH]... [--devices GLOB]...``
 prints one JSON object:

@@ -14,6 +14,8 @@ changes anything)
     * ``glibc``: the C library version (``os.confstr``), e.g. ``"2.36"``;
     * ``gpus``: ``[{"index", "name", "memory_mib"}]`` from ``nvidia-smi`` (``[]`` without it);
     * ``gpu_error``: why nvidia-smi gave nothing, when it exists but fails;
+    * ``gpu_device_nodes``: ``[{"path", "access"}]``, the NVIDIA device nodes and who may open
+      them (``"0666 root:root"``), ``[]`` without a driver;
     * ``port``: ``{"listening", "pid", "command", "unit"}``: who listens on PORT, and the
       systemd service unit whose cgroup holds that process (``/proc`` only, no ss/lsof);
     * ``deployed``: the JSON content of STATE_FILE (the last-known-good record of a previous
@@ -210,6 +212,14 @@ def user_of(uid: int) -> str:
         return str(uid)
 
 
+def group_of(gid: int) -> str:
+    """A group name for a gid."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
 def stat_fields(pid: int) -> list[str]:
     """``/proc/<pid>/stat`` after the command name: [state, ppid, ...]."""
     with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
@@ -268,6 +278,30 @@ def gpus() -> tuple[list[dict[str, object]], str | None]:
     return found, None
 
 
+# The NVIDIA driver's device nodes: /dev/nvidia0.., nvidiactl, nvidia-uvm, and the MIG capabilities.
+GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps/*")
+
+
+def gpu_device_nodes() -> list[dict[str, str]]:
+    """The NVIDIA device nodes with their access, ``[{path, access: "0660 root:video"}]`` by path.
+
+    Who may open them decides the service account's groups (inference_server): a change here
+    means the unit may need other groups, so the converged fast path treats it as an input.
+    """
+    import glob
+
+    found = []
+    for path in sorted({p for pattern in GPU_DEVICE_GLOBS for p in glob.glob(pattern)}):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if stat.S_ISCHR(st.st_mode):
+            access = f"{stat.S_IMODE(st.st_mode):04o} {user_of(st.st_uid)}:{group_of(st.st_gid)}"
+            found.append({"path": path, "access": access})
+    return found
+
+
 def deployed_state(path: str | None) -> dict[str, object]:
     """The last-known-good record of a previous deploy, ``{}`` when absent or unreadable."""
     if not path:
@@ -311,6 +345,7 @@ def facts(argv: list[str]) -> dict[str, object]:
         "glibc": glibc_version(),
         "gpus": found,
         "gpu_error": error,
+        "gpu_device_nodes": gpu_device_nodes(),
         "port": port_owner(args.port),
         "deployed": deployed_state(args.state_file),
         "systemd": os.path.isdir("/run/systemd/system"),
@@ -453,10 +488,7 @@ def inspect(port: int, unit: str) -> dict[str, object]:
     cwd = os.readlink(f"/proc/{main}/cwd")
     env = environ_of(main)
     user = user_of(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
+    group = group_of(st.st_gid)
     return {
         "found": True,
         "listening": True,

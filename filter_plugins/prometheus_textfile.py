@@ -1,5 +1,10 @@
 """Render the health gate's figures as a Prometheus textfile for node_exporter.
 
+Kept instead of ``prometheus_client``: the text is made on the controller and
+``ansible.builtin.copy`` writes it atomically on the host, so the library would replace only the
+formatting, as a new controller dependency (docs/architecture.md, 'Hand-written code beside a
+library or builtin').
+
 ``{{ report | prometheus_textfile({'host': inventory_hostname}) }}`` returns the text
 exposition format (HELP and TYPE lines, one sample per line, a final newline) that
 node_exporter's textfile collector reads from ``*.prom`` files, e.g.::

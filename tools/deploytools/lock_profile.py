@@ -1,5 +1,9 @@
 """Resolve a profile's lock file (every package pinned ==) from package metadata alone.
 
+Kept instead of ``uv pip compile --generate-hashes``: uv resolves faster but hashes every file of a
+version, for every platform, and writes neither this tool's per-Python markers nor the header
+``--from-lock`` reads (docs/architecture.md, 'Hand-written code beside a library or builtin').
+
 For each target Python, pip's resolver runs under that Python's interpreter with
 ``install --dry-run --ignore-installed --report --only-binary=:all:`` and target platform
 tags, so it installs nothing; it reads metadata (PEP 658) where the index serves it, and

@@ -1,5 +1,10 @@
 #!/usr/bin/python
-"""Ansible module: wait, bounded, until an inference server has no request in flight."""
+"""Ansible module: wait, bounded, until an inference server has no request in flight.
+
+Kept instead of ``ansible.builtin.uri`` with ``until``: ``settle`` (0 on polls in a row) and the
+count of connections in ``/proc/net/tcp*`` cannot be said with them (docs/architecture.md,
+'Hand-written code beside a library or builtin').
+"""
 
 from __future__ import annotations
 

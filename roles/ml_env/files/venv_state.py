@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Compare the distributions installed in this interpreter's environment with a lock file.
 
+Kept instead of ``uv pip sync`` or ``ansible.builtin.pip``: it runs with the new venv's python and
+the standard library before anything is installed, where uv is not on the host and the pip module
+never removes a package the lock does not name (docs/architecture.md, 'Hand-written code beside a
+library or builtin').
+
 Run with the venv's own python: ``<venv>/bin/python venv_state.py LOCK``. Prints one JSON
 object: ``installed`` (name -> version), ``missing`` (locked, not installed),
 ``mismatched`` ([name, locked, installed]), ``extra`` (installed, not locked; pip's own

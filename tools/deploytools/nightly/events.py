@@ -1,6 +1,10 @@
 """ansible-runner's record of a run -> one summary per host: the play recap's counts, the changed and
 failed tasks, and what the roles reported through ``set_stats`` (the server's restarts, the gate).
 
+Kept beside ansible-runner: ``Runner.stats`` drops the ``artifact_data`` (the ``set_stats`` data)
+that this module reads from the same ``playbook_on_stats`` event (docs/architecture.md,
+'Hand-written code beside a library or builtin').
+
 The roles say what happened themselves, in the run's custom stats (``ansible.builtin.set_stats``,
 not per host, under :data:`STATS_KEY`, one entry per host): ansible-runner hands them over in the
 ``playbook_on_stats`` event as ``artifact_data`` (its display callback's ``stats.custom['_run']``),

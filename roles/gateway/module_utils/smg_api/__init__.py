@@ -1,5 +1,9 @@
 """A small client of smg's worker API (``GET/POST /workers``, ``DELETE /workers/{id}``).
 
+Kept instead of ``ansible.builtin.uri``: one module call finds, compares, changes and polls a worker
+in process, where ``uri`` would take six tasks and a module round trip per poll
+(docs/architecture.md, 'Hand-written code beside a library or builtin').
+
 Shared by the ``smg_worker`` module and the tests (``tests/gateway/test_gateway.py``); standard
 library only, so it runs with any host Python. The control-plane key is read from the
 gateway's environment file on the host (``SMG_CONTROL_PLANE_API_KEY=...``), so it never

@@ -41,30 +41,31 @@ demo: setup sim-up model ## set up, deploy to the local sim host, print the gate
 # MOLECULE_LANES lanes at once, the longest first by the last committed run (tools/test-stages).
 SCENARIOS      ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 MOLECULE_LANES ?= 2
-# `make test` runs pytest, then the scenarios in MOLECULE_LANES lanes. PYTEST_BESIDE=1 runs pytest in
-# a lane of its own beside them instead (MOLECULE_LANES + 1 jobs at once): the 2 CPUs go from about
-# 70 % to 99 % busy, but on a 2-core machine that load stretched the load-sensitive bounds past their
-# margins (adopt's switch gap 34.3 s against its warm start 28.7 s + 5 s; bench/results/make_test_times.json),
-# so it stays opt-in until those bounds are measured against the load.
-PYTEST_BESIDE  ?= 0
-ifeq ($(PYTEST_BESIDE),1)
-TEST_JOBS = tools/test-stages molecule --lanes $(shell echo $$(($(MOLECULE_LANES) + 1))) \
-              --job "pytest=$(MAKE) --no-print-directory pytest" $(SCENARIOS)
+# `make test` runs lint and pytest beside the scenarios' MOLECULE_LANES lanes, at the lowest CPU
+# priority (tools/test-stages --beside: nice 19), so they fill the CPU the scenarios leave idle while
+# they wait on servers and timers, and never take it from them (a third lane of scenarios did: it
+# stretched adopt's load-sensitive switch gap past its bound, bench/results/make_test_times.json).
+# TEST_BESIDE=0 runs lint, then pytest, then the scenarios, one after the other.
+TEST_BESIDE    ?= 1
+ifeq ($(TEST_BESIDE),1)
+TEST_JOBS = tools/test-stages molecule --lanes $(MOLECULE_LANES) \
+              --beside "lint=$(MAKE) --no-print-directory lint" \
+              --beside "pytest=$(MAKE) --no-print-directory pytest" $(SCENARIOS)
 else
-TEST_JOBS = tools/test-stages run pytest -- $(MAKE) --no-print-directory pytest && \
+TEST_JOBS = tools/test-stages run lint -- $(MAKE) --no-print-directory lint && \
+            tools/test-stages run pytest -- $(MAKE) --no-print-directory pytest && \
             tools/test-stages molecule --lanes $(MOLECULE_LANES) $(SCENARIOS)
 endif
 
 # Each stage is timed by tools/test-stages; the table (and the 40-minute budget line) is
 # printed at the end whether the run passed or not, and the run's exit status is kept.
 # The setup's steps run two at a time (downloads, debootstrap and venv builds overlap; each
-# target's output is printed whole when it ends). With PYTEST_BESIDE=1, pytest's output is in
-# artifacts/make-test/pytest.log.
+# target's output is printed whole when it ends). Beside the lanes, lint's and pytest's output is in
+# artifacts/make-test/lint.log and pytest.log (their last lines on the console).
 test: ## every test: lint, pytest, molecule scenarios, then where the time went
 	@tools/test-stages start
 	@status=0; \
 	tools/test-stages run setup -- $(MAKE) --no-print-directory -j2 --output-sync=target test-setup && \
-	tools/test-stages run lint -- $(MAKE) --no-print-directory lint && \
 	$(TEST_JOBS) || status=$$?; \
 	tools/test-stages report; exit $$status
 

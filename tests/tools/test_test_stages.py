@@ -123,26 +123,34 @@ def test_schedule_starts_the_longest_known_job_first() -> None:
     assert test_stages.schedule(["b", "a"], {}) == ["b", "a"]
 
 
-def test_a_job_takes_a_lane_beside_the_scenarios(stages: Path, tmp_path: Path) -> None:
-    """``--job NAME=COMMAND`` runs beside the scenarios in a lane of its own, is recorded as a stage
-    (no actions), its log kept and its last lines printed; its failure fails the run."""
+def test_a_job_beside_the_lanes_runs_niced_and_takes_no_lane(stages: Path, tmp_path: Path) -> None:
+    """``--beside NAME=COMMAND`` runs from the start beside the scenarios at nice 19 without taking
+    their lane (one lane: the two scenarios one after the other, the job beside both), is recorded
+    as a stage (no actions), its log kept and its last lines printed; its failure fails the run."""
     fake = tmp_path / "bin" / "molecule"
     fake.parent.mkdir()
     fake.write_text('#!/bin/sh\necho "INFO     [$3 > converge] Executing"; sleep 0.8\nexit 0\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
-    job = f"unit={sys.executable} -c \"import time; time.sleep(0.8); print('7 passed'); raise SystemExit(5)\""
-    done = _tool("molecule", "--lanes", "2", "--job", job, "alpha", env=env)
+    job = (
+        f"unit={sys.executable} -c \"import os, time; time.sleep(1.2); print('nice', os.nice(0)); "
+        "print('7 passed'); raise SystemExit(5)\""
+    )
+    done = _tool("molecule", "--lanes", "1", "--beside", job, "alpha", "beta", env=env)
     assert done.returncode == 5, done.stdout + done.stderr
     assert "unit: FAILED (exit 5)" in done.stdout and "7 passed" in done.stdout
     by_name = {s["name"]: s for s in test_stages.read_stages(stages)}
-    assert set(by_name) == {"molecule alpha", "unit"}
-    unit, alpha = by_name["unit"], by_name["molecule alpha"]
+    assert set(by_name) == {"molecule alpha", "molecule beta", "unit"}
+    unit, alpha, beta = by_name["unit"], by_name["molecule alpha"], by_name["molecule beta"]
     assert unit["kind"] == "stage" and "actions" not in unit and unit["rc"] == 5
-    assert max(alpha["start"], unit["start"]) < min(alpha["end"], unit["end"])
-    assert (stages.parent / "unit.log").read_text() == "7 passed\n"
+    # The job overlapped the first scenario, and the one lane ran the scenarios one after the other.
+    first, second = sorted((alpha, beta), key=lambda s: s["start"])
+    assert max(first["start"], unit["start"]) < min(first["end"], unit["end"])
+    assert second["start"] >= first["end"]
+    niced = min(19, os.nice(0) + test_stages.NICE_BESIDE)  # nice stops at 19
+    assert (stages.parent / "unit.log").read_text() == f"nice {niced}\n7 passed\n"
     # A job that is not NAME=COMMAND is refused in one sentence, before anything runs.
-    bad = _tool("molecule", "--job", "pytest", "alpha", env=env)
+    bad = _tool("molecule", "--beside", "pytest", "alpha", env=env)
     assert bad.returncode == 2 and "write it as NAME=COMMAND" in bad.stderr
 
 

@@ -2,8 +2,8 @@
 
     tools/test-stages start                               # a new run (forgets the last one's stages)
     tools/test-stages run NAME -- COMMAND [ARG...]        # one stage, timed; exits with COMMAND's status
-    tools/test-stages molecule [--lanes N] [--job NAME=COMMAND] SCENARIO...
-                                                          # molecule scenarios (and other jobs), N at a time
+    tools/test-stages molecule [--lanes N] [--beside NAME=COMMAND] SCENARIO...
+                                                          # molecule scenarios N at a time (other jobs beside)
     tools/test-stages report [--budget-s 2400] [--record FILE] [--label TEXT]
 
 Each stage appends one JSON line to the run's file (``artifacts/make-test/stages.jsonl``, or
@@ -16,12 +16,14 @@ that molecule prints when an action starts.
 each has its own containers, network and ephemeral directory). A scenario's output goes to
 ``artifacts/make-test/molecule-<scenario>.log``; with one lane it is also streamed to the
 terminal. The console gets one line per action, and on failure the failing scenario's last
-lines. ``--job NAME=COMMAND`` adds another stage that takes a lane like a scenario (``make test
-PYTEST_BESIDE=1`` runs pytest so, beside the scenarios: both wait on servers and timers for part
-of their time, and one fills the other's idle CPU); its output goes to ``artifacts/make-test/NAME.log`` and its
-last lines to the console. The longest jobs start first, by the durations of the last run
-recorded in ``bench/results/make_test_times.json`` (then the order given), so the lanes end
-together.
+lines. The longest scenarios start first, by the durations of the last run recorded in
+``bench/results/make_test_times.json`` (then the order given), so the lanes end together.
+
+``--beside NAME=COMMAND`` runs another stage (``make test`` runs lint and pytest so) from the
+start, beside the lanes and taking none of them, at the lowest CPU priority (``nice -n 19``):
+the scenarios spend part of their time waiting on servers and timers, and the job beside them
+fills that idle CPU without taking it from them when they need it. Its output goes to
+``artifacts/make-test/NAME.log`` and its last lines to the console; its failure fails the run.
 
 ``report`` prints the table (stages, then each scenario's actions) and ends with one line
 that compares the run's wall time with the budget and names the three slowest stages; it is
@@ -58,6 +60,8 @@ BUDGET_S = 2400.0
 FAILED_TAIL_LINES = 150
 # The last lines of a passed non-molecule job printed on the console (pytest's slowest tests and count).
 JOB_SUMMARY_LINES = 14
+# The CPU priority of a job beside the lanes (nice's lowest): it runs on the CPU they leave idle.
+NICE_BESIDE = 19
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # molecule's section logger: "INFO     [fleet > converge] Executing" without a terminal,
@@ -148,6 +152,8 @@ class LaneJob:
     log_path: Path
     stream: bool
     scenario: bool = True
+    # The job's CPU priority (nice): 0 for the lanes, NICE_BESIDE for a job beside them.
+    nice: int = 0
     clock: ActionClock = field(default_factory=ActionClock)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=FAILED_TAIL_LINES))
     start: float = 0.0
@@ -162,12 +168,14 @@ class LaneJob:
         )
 
     @classmethod
-    def stage(cls, spec: str, log_dir: Path, stream: bool) -> LaneJob:
-        """``NAME=COMMAND`` (COMMAND split as a shell would): a plain stage that takes a lane."""
+    def beside(cls, spec: str, log_dir: Path) -> LaneJob:
+        """``NAME=COMMAND`` (COMMAND split as a shell would): a plain stage beside the lanes, niced."""
         name, sep, command = spec.partition("=")
         if not sep or not name.strip() or not command.strip():
-            raise ValueError(f"--job {spec!r}: write it as NAME=COMMAND, e.g. 'pytest=make pytest'")
-        return cls(name.strip(), shlex.split(command), log_dir / f"{name.strip()}.log", stream, scenario=False)
+            raise ValueError(f"--beside {spec!r}: write it as NAME=COMMAND, e.g. 'pytest=make pytest'")
+        return cls(
+            name.strip(), shlex.split(command), log_dir / f"{name.strip()}.log", False, scenario=False, nice=NICE_BESIDE
+        )
 
     def run(self, lock: threading.Lock) -> None:
         """Run the command; keep its output, note each molecule action as it starts."""
@@ -176,7 +184,7 @@ class LaneJob:
         with self.log_path.open("w", encoding="utf-8", buffering=1) as log:
             try:
                 proc = subprocess.Popen(
-                    self.command,
+                    ["nice", "-n", str(self.nice), *self.command] if self.nice else self.command,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -250,24 +258,30 @@ def schedule(jobs: Sequence[str], known: dict[str, float]) -> list[str]:
     return unknown + timed
 
 
-def run_lanes(scenarios: Sequence[str], lanes: int, job_specs: Sequence[str] = ()) -> int:
-    """Run the scenarios (and the ``NAME=COMMAND`` jobs) ``lanes`` at a time; return the first failure's status."""
+def run_lanes(scenarios: Sequence[str], lanes: int, beside_specs: Sequence[str] = ()) -> int:
+    """Run the scenarios ``lanes`` at a time and the ``NAME=COMMAND`` jobs beside them; return the
+    first failure's status."""
     log_dir = stages_file().parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    lanes = max(1, min(lanes, len(scenarios) + len(job_specs)))
-    stream = lanes == 1
+    beside = [LaneJob.beside(spec, log_dir) for spec in beside_specs]
+    lanes = max(1, min(lanes, len(scenarios)))
+    stream = lanes == 1 and not beside
     jobs = {job.name: job for job in (LaneJob.molecule(s, log_dir, stream) for s in scenarios)}
-    for spec in job_specs:
-        job = LaneJob.stage(spec, log_dir, stream)
-        jobs[job.name] = job
     order = schedule(list(jobs), last_durations())
     print(
-        f"==> [{time.strftime('%H:%M:%S')}] {len(order)} jobs in {lanes} lane(s), in this order: {', '.join(order)}",
+        f"==> [{time.strftime('%H:%M:%S')}] {len(order)} scenarios in {lanes} lane(s), in this order: "
+        f"{', '.join(order) or 'none'}"
+        + (f"; beside them at nice {NICE_BESIDE}: {', '.join(job.name for job in beside)}" if beside else ""),
         flush=True,
     )
     queue = deque(jobs[name] for name in order)
     done: list[LaneJob] = []
     lock = threading.Lock()
+
+    def run_beside(job: LaneJob) -> None:
+        job.run(lock)
+        with lock:
+            done.append(job)
 
     def lane() -> None:
         while True:
@@ -279,7 +293,8 @@ def run_lanes(scenarios: Sequence[str], lanes: int, job_specs: Sequence[str] = (
             with lock:
                 done.append(job)
 
-    threads = [threading.Thread(target=lane, name=f"lane-{i}") for i in range(lanes)]
+    threads = [threading.Thread(target=run_beside, args=(job,), name=job.name) for job in beside]
+    threads += [threading.Thread(target=lane, name=f"lane-{i}") for i in range(lanes if order else 0)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -287,8 +302,8 @@ def run_lanes(scenarios: Sequence[str], lanes: int, job_specs: Sequence[str] = (
     failed = [j for j in done if j.rc != 0]
     for job in failed:
         print(f"==> {job.name} FAILED (exit {job.rc}); its log: {job.log_path}")
-    if len(done) != len(order):  # a lane died before its job ended: never a pass
-        print(f"==> {len(order) - len(done)} job(s) did not run to the end", flush=True)
+    if len(done) != len(order) + len(beside):  # a thread died before its job ended: never a pass
+        print(f"==> {len(order) + len(beside) - len(done)} job(s) did not run to the end", flush=True)
         return 1
     if failed:
         return failed[0].rc or 1
@@ -383,11 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     mol = sub.add_parser("molecule", help="run molecule scenarios (and other jobs) in lanes, each action timed")
     mol.add_argument("--lanes", type=int, default=1)
     mol.add_argument(
-        "--job",
+        "--beside",
         action="append",
         default=[],
         metavar="NAME=COMMAND",
-        help="another stage that takes a lane like a scenario (e.g. 'pytest=make pytest'); repeatable",
+        help=f"another stage, run beside the lanes at nice {NICE_BESIDE} (e.g. 'pytest=make pytest'); repeatable",
     )
     mol.add_argument("scenarios", nargs="*")
     rep = sub.add_parser("report", help="print the table and the budget line")
@@ -406,10 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("run needs a command after --")
         return run_stage(args.name, cmd)
     if args.command == "molecule":
-        if not args.scenarios and not args.job:
-            parser.error("molecule needs a scenario or a --job")
+        if not args.scenarios and not args.beside:
+            parser.error("molecule needs a scenario or a --beside job")
         try:
-            return run_lanes(args.scenarios, args.lanes, args.job)
+            return run_lanes(args.scenarios, args.lanes, args.beside)
         except ValueError as exc:
             parser.error(str(exc))
     return _report(args, sys.stdout)

@@ -1,4 +1,5 @@
-"""roles/llm_host/library/llm_host.py (inspect, record, restore, switch, alive) against a real server
+"""llm-host inspect, record, restore, switch, alive (roles/llm_host/module_utils/llm_host_lib/adopt.py, through
+its launcher as on a host) against a real server
 started by hand (python3 -m http.server from a venv-shaped directory, with a secret in its environment)."""
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "roles" / "llm_host" / "library" / "llm_host.py"
+LAUNCHER = Path(__file__).resolve().parents[2] / "roles" / "llm_host" / "module_utils" / "llm-host"
 
 
 def run(*args: str) -> dict:
-    """Run llm_host.py and parse its JSON."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=True)
+    """Run llm-host and parse its JSON."""
+    proc = subprocess.run([sys.executable, "-SE", str(LAUNCHER), *args], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout)
 
 

@@ -15,15 +15,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from role_files import import_file
+import yaml
+from llm_host_lib import guard, install
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_server" / "files"
-# The guard is a subcommand of the roles' one host helper, installed as .../port-guard.
-HOST_TOOL = FILES.parents[1] / "llm_host" / "library" / "llm_host.py"
-GUARD = [str(HOST_TOOL), "guard"]
+# The guard is a subcommand of the roles' one host helper (role llm_host's package, through its
+# launcher, run as on a host: -SE), installed as .../port-guard beside the modules it needs.
+LAUNCHER = FILES.parents[1] / "llm_host" / "module_utils" / "llm-host"
+GUARD = ["-SE", str(LAUNCHER), "guard"]
+INFERENCE_SERVER_VARS = FILES.parent / "vars" / "main.yml"
 LISTEN = """import socket, sys, time
 s = socket.socket(socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET)
 s.bind(("::1" if sys.argv[2] == "6" else "127.0.0.1", int(sys.argv[1])))
@@ -31,11 +33,6 @@ s.listen()
 print("listening", flush=True)
 time.sleep(60)
 """
-
-
-def load() -> ModuleType:
-    """The host helper (the guard among its subcommands) as a module."""
-    return import_file(HOST_TOOL)
 
 
 def free_port() -> int:
@@ -87,7 +84,6 @@ def test_a_foreign_holder_is_named_and_left_alone(holder, family):
 
 
 def test_a_left_over_of_our_unit_is_stopped_and_the_start_goes_on(holder, monkeypatch, capsys):
-    guard = load()
     proc, port = holder()
     monkeypatch.setattr(guard, "unit_of", lambda pid: "inference-server.service" if pid == proc.pid else None)
     started = time.monotonic()
@@ -101,7 +97,6 @@ def test_a_left_over_of_our_unit_is_stopped_and_the_start_goes_on(holder, monkey
 
 
 def test_a_left_over_that_ignores_sigterm_is_killed(holder, monkeypatch):
-    guard = load()
     stubborn = (
         "import signal, socket, time, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); print('listening', "
@@ -124,16 +119,55 @@ def test_usage():
     assert proc.returncode == 2 and proc.stderr.startswith("usage: port-guard PORT UNIT")
 
 
+def install_port_guard(directory: Path) -> Path:
+    """Install the guard as inference_server does: the modules its vars list, the launcher as port-guard."""
+    files = yaml.safe_load(INFERENCE_SERVER_VARS.read_text())["_inference_server_port_guard_lib_files"]
+    install.install(str(directory), files)
+    installed = directory / "port-guard"
+    installed.write_bytes(LAUNCHER.read_bytes())
+    installed.chmod(0o755)
+    return installed
+
+
 def test_installed_as_port_guard_it_is_the_guard(tmp_path):
-    """The unit runs ``/usr/local/lib/<unit>/port-guard PORT UNIT``: that name alone selects the guard."""
-    installed = tmp_path / "port-guard"
-    installed.write_bytes(HOST_TOOL.read_bytes())
+    """The unit runs ``/usr/local/lib/<unit>/port-guard PORT UNIT``: that name alone selects the guard,
+    and the modules inference_server installs beside it are all it needs (no site-packages: -SE)."""
+    installed = install_port_guard(tmp_path)
     proc = subprocess.run(
-        [sys.executable, str(installed), str(free_port()), "inference-server"], capture_output=True, text=True
+        [sys.executable, "-SE", str(installed), str(free_port()), "inference-server"], capture_output=True, text=True
     )
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
-    proc = subprocess.run([sys.executable, str(installed), "http"], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-SE", str(installed), "http"], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.startswith("usage: port-guard PORT UNIT")
+
+
+def test_install_writes_the_guards_modules_when_they_differ(tmp_path):
+    """The module's ``install``: the package's files as loaded, 0644 in a 0755 folder, written when they differ."""
+    files = ["__init__.py", "cli.py", "guard.py", "proc.py"]
+    lib = tmp_path / "llm_host_lib"
+    assert install.install(str(tmp_path), files, check=True) == {
+        "changed": True,
+        "directory": str(lib),
+        "installed": [str(lib / name) for name in files],
+    }
+    assert not lib.exists()
+    assert install.install(str(tmp_path), files)["changed"] is True
+    package = Path(guard.__file__).parent
+    for name in files:
+        assert (lib / name).read_bytes() == (package / name).read_bytes()
+        assert (lib / name).stat().st_mode & 0o7777 == 0o644
+    assert lib.stat().st_mode & 0o7777 == 0o755
+    assert install.install(str(tmp_path), files) == {"changed": False, "directory": str(lib), "installed": []}
+    (lib / "guard.py").write_text("# changed by hand\n")
+    (lib / "proc.py").chmod(0o600)
+    assert install.install(str(tmp_path), files, check=True)["installed"] == [str(lib / "guard.py")]
+    assert (lib / "guard.py").read_text() == "# changed by hand\n"
+    assert (lib / "proc.py").stat().st_mode & 0o7777 == 0o600, "check mode changes nothing"
+    done = install.install(str(tmp_path), files)
+    assert done["changed"] is True and done["installed"] == [str(lib / "guard.py")]
+    assert (lib / "proc.py").stat().st_mode & 0o7777 == 0o644
+    with pytest.raises(SystemExit, match="not a module file"):
+        install.install(str(tmp_path), ["../guard.py"])
 
 
 FAKE_SYSTEMCTL = """#!/bin/sh

@@ -10,12 +10,14 @@ import venv
 from pathlib import Path
 
 import pytest
+from llm_host_lib import facts as host_facts
+from llm_host_lib.proc import group_of, user_of
 from role_files import import_file
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_STATE = REPO / "roles/ml_env/files/venv_state.py"
-# llm_host.py facts: what preflight reads from the host.
-HOST_FACTS = REPO / "roles/llm_host/library/llm_host.py"
+# llm-host facts: what preflight reads from the host (role llm_host's launcher, run as on a host).
+HOST_TOOL = REPO / "roles/llm_host/module_utils/llm-host"
 CHECK_SPECS = REPO / "tools/check-argument-specs"
 
 
@@ -66,7 +68,7 @@ def test_host_facts_names_the_process_on_a_port():
         port = server.getsockname()[1]
         facts = json.loads(
             subprocess.run(
-                [sys.executable, str(HOST_FACTS), "facts", str(port)], capture_output=True, text=True, check=True
+                [sys.executable, "-SE", str(HOST_TOOL), "facts", str(port)], capture_output=True, text=True, check=True
             ).stdout
         )
     assert facts["port"]["listening"] is True
@@ -81,7 +83,7 @@ def test_host_facts_on_a_free_port():
         port = probe.getsockname()[1]
     facts = json.loads(
         subprocess.run(
-            [sys.executable, str(HOST_FACTS), "facts", str(port)], capture_output=True, text=True, check=True
+            [sys.executable, "-SE", str(HOST_TOOL), "facts", str(port)], capture_output=True, text=True, check=True
         ).stdout
     )
     assert facts["port"] == {"listening": False, "pid": None, "command": None, "user": None, "unit": None}
@@ -141,14 +143,20 @@ def test_host_facts_reads_the_deployed_state(tmp_path):
     state.write_text(json.dumps({"venv_dir": "/opt/ml-env.d/abc", "model_dir": "/srv/m/revisions/r1"}))
     facts = json.loads(
         subprocess.run(
-            [sys.executable, str(HOST_FACTS), "facts", "1", str(state)], capture_output=True, text=True, check=True
+            [sys.executable, "-SE", str(HOST_TOOL), "facts", "1", str(state)],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     )
     assert facts["deployed"]["venv_dir"] == "/opt/ml-env.d/abc"
     state.write_text("{not json")
     facts = json.loads(
         subprocess.run(
-            [sys.executable, str(HOST_FACTS), "facts", "1", str(state)], capture_output=True, text=True, check=True
+            [sys.executable, "-SE", str(HOST_TOOL), "facts", "1", str(state)],
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     )
     assert facts["deployed"] == {}
@@ -204,22 +212,21 @@ def test_host_facts_tells_what_is_at_each_path_without_following_links(tmp_path)
     (tmp_path / "file").write_text("x")
     (tmp_path / "link").symlink_to(tmp_path / "dir")
     paths = [str(tmp_path / name) for name in ("dir", "file", "link", "absent")]
-    argv = [sys.executable, str(HOST_FACTS), "facts", "1"] + [arg for path in paths for arg in ("--path", path)]
+    argv = [sys.executable, "-SE", str(HOST_TOOL), "facts", "1"] + [arg for path in paths for arg in ("--path", path)]
     facts = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
     assert facts["paths"] == dict(zip(paths, ["dir", "file", "link", "absent"], strict=True))
 
 
 def test_host_facts_report_who_may_open_the_gpu_device_nodes(tmp_path, monkeypatch):
     """Character devices matching the globs, with their mode, owner and group; nothing else."""
-    llm_host = import_file(HOST_FACTS)
     (tmp_path / "nvidia-notadevice").write_text("")
-    monkeypatch.setattr(llm_host, "GPU_DEVICE_GLOBS", ("/dev/nul*", "/dev/zero", str(tmp_path / "nvidia*")))
-    nodes = llm_host.gpu_device_nodes()
+    monkeypatch.setattr(host_facts, "GPU_DEVICE_GLOBS", ("/dev/nul*", "/dev/zero", str(tmp_path / "nvidia*")))
+    nodes = host_facts.gpu_device_nodes()
     assert [node["path"] for node in nodes] == ["/dev/null", "/dev/zero"]
     for node in nodes:
         st = Path(node["path"]).stat()
         mode, owner_group = node["access"].split()
         assert int(mode, 8) == st.st_mode & 0o7777
-        assert owner_group == f"{llm_host.user_of(st.st_uid)}:{llm_host.group_of(st.st_gid)}"
-    monkeypatch.setattr(llm_host, "GPU_DEVICE_GLOBS", (str(tmp_path / "none*"),))
-    assert llm_host.gpu_device_nodes() == []
+        assert owner_group == f"{user_of(st.st_uid)}:{group_of(st.st_gid)}"
+    monkeypatch.setattr(host_facts, "GPU_DEVICE_GLOBS", (str(tmp_path / "none*"),))
+    assert host_facts.gpu_device_nodes() == []

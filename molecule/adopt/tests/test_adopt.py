@@ -25,7 +25,7 @@ def step(name: str) -> dict:
 
 
 def origin() -> dict:
-    """The by-hand server as prepare left it (llm_host.py inspect, masked)."""
+    """The by-hand server as prepare left it (llm-host inspect, masked)."""
     return recorded("adopt-origin.json")
 
 

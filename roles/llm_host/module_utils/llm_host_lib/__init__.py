@@ -1,0 +1,24 @@
+"""llm_host_lib: the deploy's helper on the host, standard library only, run by the host's python3.
+
+Who listens on a TCP port and who that process is, read from ``/proc`` (no ss or lsof), and
+what follows from it. One package, three uses:
+
+* the Ansible module ``llm_host`` (``library/llm_host.py`` of role llm_host, a dependency of
+  preflight, adopt and inference_server), which AnsiballZ ships with this package as
+  ``ansible.module_utils.llm_host_lib``: each subcommand below is its ``command``, the rest of
+  the command line its ``args``, the JSON object the subcommand prints its ``host`` result;
+* the command line ``llm-host SUBCOMMAND ...``: the launcher ``module_utils/llm-host`` beside
+  this package imports it as ``llm_host_lib`` (the tests, molecule's adopt scenario, by hand);
+* the unit's port guard: the same launcher, installed by inference_server as
+  ``/usr/local/lib/<unit>/port-guard`` beside the modules the guard needs.
+
+Modules import each other relatively, so both names work; this ``__init__`` imports nothing.
+
+* ``proc``: the ``/proc`` readers (listening sockets, their holders, a process's unit and user);
+* ``facts``: ``facts``, what a deploy checks before it changes anything (preflight);
+* ``adopt``: ``inspect``, ``record``, ``restore``, ``switch``, ``alive``, a server started by
+  hand (adopt);
+* ``guard``: the port guard (``port-guard PORT UNIT [GRACE_S]``, or ``guard``);
+* ``cli``: the command line's dispatch;
+* ``install``: the module's ``install``, the guard's modules onto the host (inference_server).
+"""

@@ -1,0 +1,86 @@
+"""``install DIR FILE...`` (the module's only): put the port guard's part of this package on the host.
+
+inference_server runs it with the directory of the unit's helpers (``/usr/local/lib/<unit>``)
+and the files of this package that the guard needs (its vars list them, so that the converged
+record checks the same files): each goes to ``DIR/llm_host_lib/<file>``, root's and 0644 in a
+0755 directory, and is rewritten only when its content differs. One module run writes them all
+(a ``copy`` task per file would pay a round trip or two each). The content is this package as
+this process loaded it (from AnsiballZ's zip or from a directory), so the guard runs exactly
+the code the module runs. In check mode it says what it would write and changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import stat
+
+# AnsiballZ ships only what the module imports: the port guard needs these.
+from . import cli, guard, proc  # noqa: F401
+
+PACKAGE_DIR = "llm_host_lib"
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+
+def refuse(msg: str) -> SystemExit:
+    """A refusal as the module reports it (``{"failed": true, "msg": ...}``)."""
+    return SystemExit(json.dumps({"failed": True, "msg": msg}))
+
+
+def source(file_name: str) -> bytes:
+    """The content of this package's file ``file_name`` (``__init__.py`` for the package itself)."""
+    name = file_name.removesuffix(".py")
+    if not file_name.endswith(".py") or not name.isidentifier():
+        raise refuse(f"not a module file of {PACKAGE_DIR}: {file_name!r}")
+    try:
+        module = importlib.import_module(__package__ if name == "__init__" else f"{__package__}.{name}")
+    except ImportError as exc:
+        raise refuse(f"no module {name} in {PACKAGE_DIR}: {exc}") from None
+    return module.__loader__.get_source(module.__name__).encode()
+
+
+def settle(path: str, mode: int, check: bool) -> bool:
+    """Give ``path`` ``mode`` and, when run as root, root's ownership; whether it had to change."""
+    st = os.lstat(path)
+    wrong_mode = stat.S_IMODE(st.st_mode) != mode
+    wrong_owner = os.geteuid() == 0 and (st.st_uid, st.st_gid) != (0, 0)
+    if not check:
+        if wrong_mode:
+            os.chmod(path, mode)
+        if wrong_owner:
+            os.chown(path, 0, 0)
+    return wrong_mode or wrong_owner
+
+
+def install(directory: str, file_names: list[str], check: bool = False) -> dict[str, object]:
+    """Make ``directory/llm_host_lib`` hold ``file_names`` of this package: ``changed``, what was written."""
+    sources = {name: source(name) for name in file_names}
+    target = os.path.join(directory, PACKAGE_DIR)
+    changed = not os.path.isdir(target)
+    if changed and not check:
+        os.makedirs(target, mode=DIR_MODE)
+    if os.path.isdir(target):  # in check mode a new directory is not there yet
+        changed |= settle(target, DIR_MODE, check)
+    written = []
+    for name, data in sorted(sources.items()):
+        path = os.path.join(target, name)
+        try:
+            with open(path, "rb") as handle:
+                same = not os.path.islink(path) and handle.read() == data
+        except OSError:
+            same = False
+        if not same:
+            written.append(path)
+            if not check:
+                tmp = path + ".tmp"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, path)
+        if os.path.lexists(path):  # in check mode a new file is not there yet
+            changed |= settle(path, FILE_MODE, check)
+    return {"changed": changed or bool(written), "directory": target, "installed": written}

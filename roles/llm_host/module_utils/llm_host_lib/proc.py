@@ -1,0 +1,98 @@
+"""Who listens on a TCP port, and who a process is, read from ``/proc`` (no ss or lsof).
+
+The helpers every other module of the package builds on: the listening sockets of a port
+(``/proc/net/tcp`` and ``tcp6``), the processes holding them, and a process's command line,
+systemd service unit, user, group and ``/proc/<pid>/stat`` fields.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+from collections.abc import Iterable
+
+
+def listening(port: int) -> dict[str, int]:
+    """Socket inode -> owner uid of the TCP sockets in LISTEN state on ``port`` (IPv4 and IPv6)."""
+    found: dict[str, int] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                next(handle)
+                for line in handle:
+                    fields = line.split()
+                    local, state, uid, inode = fields[1], fields[3], fields[7], fields[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        found[inode] = int(uid)
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def holds(pid: int | str, inodes: Iterable[str]) -> bool:
+    """Whether ``pid`` has one of the socket ``inodes`` open.
+
+    Reading another user's file descriptors needs CAP_SYS_PTRACE (root on a normal host has
+    it); without it the process is not seen as holding the socket.
+    """
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}") in wanted for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def holders(inodes: Iterable[str]) -> list[int]:
+    """Every process that has one of the sockets open, by pid."""
+    inodes = list(inodes)
+    if not inodes:
+        return []
+    return sorted(int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if holds(pid, inodes))
+
+
+def cmdline(pid: int) -> str:
+    """The command line of a process, its arguments joined by spaces (OSError when it is gone)."""
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def command(pid: int) -> str:
+    """The command line of a process ("?" when it is gone or has none)."""
+    try:
+        return cmdline(pid) or "?"
+    except OSError:
+        return "?"
+
+
+def unit_of(pid: int) -> str | None:
+    """The systemd service unit whose control group holds ``pid`` (None outside any service)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as handle:
+            found = re.findall(r"/([^/\n]+\.service)", handle.read())
+    except OSError:
+        return None
+    return found[-1] if found else None
+
+
+def user_of(uid: int) -> str:
+    """A user name for a uid."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_of(gid: int) -> str:
+    """A group name for a gid."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name: [state, ppid, ...]."""
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as handle:
+        return handle.read().rsplit(")", 1)[1].split()

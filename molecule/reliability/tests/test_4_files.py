@@ -4,8 +4,13 @@ the deploy owns in the right hands (the secrets test left an API key and an HF t
 from __future__ import annotations
 
 import pytest
-from conftest import UNIT, record
+import yaml
+from conftest import REPO, UNIT, record
 
+# The files of llm_host_lib that the port guard imports, as the role installs them.
+GUARD_FILES = yaml.safe_load((REPO / "roles/inference_server/vars/main.yml").read_text())[
+    "_inference_server_port_guard_lib_files"
+]
 # path -> (type, user, group, mode)
 EXPECTED = {
     f"/etc/systemd/system/{UNIT}.service": ("file", "root", "root", 0o644),
@@ -23,6 +28,9 @@ EXPECTED = {
     f"/var/lib/{UNIT}": ("directory", "inference", "inference", 0o750),
     f"/var/cache/{UNIT}": ("directory", "inference", "inference", 0o750),
     f"/usr/local/lib/{UNIT}/port-guard": ("file", "root", "root", 0o755),
+    # The port guard's package: run as root (ExecStartPre=+), so nobody else may write it.
+    f"/usr/local/lib/{UNIT}/llm_host_lib": ("directory", "root", "root", 0o755),
+    **{f"/usr/local/lib/{UNIT}/llm_host_lib/{name}": ("file", "root", "root", 0o644) for name in GUARD_FILES},
 }
 
 

@@ -42,9 +42,10 @@ demo: setup sim-up model ## set up, deploy to the local sim host, print the gate
 SCENARIOS      ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 MOLECULE_LANES ?= 2
 # `make test` runs lint and pytest beside the scenarios' MOLECULE_LANES lanes, at the lowest CPU
-# priority (tools/test-stages --beside: nice 19), so they fill the CPU the scenarios leave idle while
-# they wait on servers and timers, and never take it from them (a third lane of scenarios did: it
-# stretched adopt's load-sensitive switch gap past its bound, bench/results/make_test_times.json).
+# priority (tools/test-stages --beside: a cgroup of the lowest CPU weight, and nice 19), so they
+# fill the CPU the scenarios leave idle while they wait on servers and timers, and never take it
+# from them (a third lane of scenarios did: it stretched adopt's load-sensitive switch gap past its
+# bound, bench/results/make_test_times.json).
 # TEST_BESIDE=0 runs lint, then pytest, then the scenarios, one after the other.
 TEST_BESIDE    ?= 1
 ifeq ($(TEST_BESIDE),1)

@@ -132,10 +132,15 @@ def test_a_job_beside_the_lanes_runs_niced_and_takes_no_lane(stages: Path, tmp_p
     fake.write_text('#!/bin/sh\necho "INFO     [$3 > converge] Executing"; sleep 0.8\nexit 0\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
-    job = (
-        f"unit={sys.executable} -c \"import os, time; time.sleep(1.2); print('nice', os.nice(0)); "
-        "print('7 passed'); raise SystemExit(5)\""
+    # The job says its nice value and its CPU cgroup (cgroup v1's cpu controller line, or v2's).
+    script = tmp_path / "unit.py"
+    script.write_text(
+        "import os, re, time\ntime.sleep(1.2)\nprint('nice', os.nice(0))\n"
+        "lines = open('/proc/self/cgroup').read()\n"
+        "print('cgroup', *re.findall(r'(?m)^\\d+:(?:cpu|cpu,cpuacct|):(/.*)$', lines))\n"
+        "print('7 passed')\nraise SystemExit(5)\n"
     )
+    job = f"unit={sys.executable} {script}"
     done = _tool("molecule", "--lanes", "1", "--beside", job, "alpha", "beta", env=env)
     assert done.returncode == 5, done.stdout + done.stderr
     assert "unit: FAILED (exit 5)" in done.stdout and "7 passed" in done.stdout
@@ -148,7 +153,15 @@ def test_a_job_beside_the_lanes_runs_niced_and_takes_no_lane(stages: Path, tmp_p
     assert max(first["start"], unit["start"]) < min(first["end"], unit["end"])
     assert second["start"] >= first["end"]
     niced = min(19, os.nice(0) + test_stages.NICE_BESIDE)  # nice stops at 19
-    assert (stages.parent / "unit.log").read_text() == f"nice {niced}\n7 passed\n"
+    nice_line, cgroup_line, passed_line = (stages.parent / "unit.log").read_text().splitlines()
+    assert (nice_line, passed_line) == (f"nice {niced}", "7 passed")
+    # In the beside cgroup where this machine lets test-stages make one (it says which on the console).
+    procs = test_stages.beside_cgroup()
+    if procs is None:
+        assert "in no cgroup of their own" in done.stdout
+    else:
+        assert cgroup_line.split()[1] == f"/{test_stages.BESIDE_CGROUP}", cgroup_line  # the cpu controller's
+        assert f"in the cgroup {procs.parent}" in done.stdout
     # A job that is not NAME=COMMAND is refused in one sentence, before anything runs.
     bad = _tool("molecule", "--beside", "pytest", "alpha", env=env)
     assert bad.returncode == 2 and "write it as NAME=COMMAND" in bad.stderr
@@ -192,3 +205,13 @@ def test_report_without_stages_says_so(stages: Path) -> None:
     out = _tool("report")
     assert out.returncode == 2
     assert "no stages recorded" in out.stderr
+
+
+def test_the_beside_cgroup_is_made_at_the_lowest_weight_or_not_at_all(tmp_path: Path) -> None:
+    """The first hierarchy where the group can be made and weighted wins; none gives None (nice only)."""
+    missing = tmp_path / "no-such-hierarchy"
+    procs = test_stages.beside_cgroup(((missing, "cpu.shares", "2"), (tmp_path, "cpu.weight", "1")))
+    assert procs == tmp_path / test_stages.BESIDE_CGROUP / "cgroup.procs"
+    assert (tmp_path / test_stages.BESIDE_CGROUP / "cpu.weight").read_text() == "1"
+    assert not missing.exists()
+    assert test_stages.beside_cgroup(((missing, "cpu.shares", "2"),)) is None

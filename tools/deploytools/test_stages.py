@@ -20,9 +20,14 @@ lines. The longest scenarios start first, by the durations of the last run recor
 ``bench/results/make_test_times.json`` (then the order given), so the lanes end together.
 
 ``--beside NAME=COMMAND`` runs another stage (``make test`` runs lint and pytest so) from the
-start, beside the lanes and taking none of them, at the lowest CPU priority (``nice -n 19``):
-the scenarios spend part of their time waiting on servers and timers, and the job beside them
-fills that idle CPU without taking it from them when they need it. Its output goes to
+start, beside the lanes and taking none of them, at the lowest CPU priority: the scenarios spend
+part of their time waiting on servers and timers, and the job beside them fills that idle CPU
+without taking it from them when they need it. The job and everything it starts run in a CPU
+cgroup of the lowest weight (``test-stages-beside``: cgroup v1 ``cpu.shares`` 2, or v2
+``cpu.weight`` 1) and at ``nice -n 19``. Nice alone does not hold: the kernel's autogroups give
+each session (a server a test starts with setsid) a share of its own, whatever its nice value.
+Where no cgroup can be made (not root, a read-only hierarchy), the job runs at nice 19 only
+and the console says so. Its output goes to
 ``artifacts/make-test/NAME.log`` and its last lines to the console; its failure fails the run.
 
 ``report`` prints the table (stages, then each scenario's actions) and ends with one line
@@ -62,6 +67,12 @@ FAILED_TAIL_LINES = 150
 JOB_SUMMARY_LINES = 14
 # The CPU priority of a job beside the lanes (nice's lowest): it runs on the CPU they leave idle.
 NICE_BESIDE = 19
+# The cgroup a job beside the lanes runs in: (hierarchy, its weight file, the lowest weight).
+BESIDE_CGROUP = "test-stages-beside"
+BESIDE_CGROUP_HIERARCHIES = (
+    (Path("/sys/fs/cgroup/cpu"), "cpu.shares", "2"),  # cgroup v1, the cpu controller's hierarchy
+    (Path("/sys/fs/cgroup"), "cpu.weight", "1"),  # cgroup v2 (cpu enabled in the root's subtree_control)
+)
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 # molecule's section logger: "INFO     [fleet > converge] Executing" without a terminal,
@@ -124,6 +135,20 @@ class ActionClock:
         return [{"action": a["action"], "seconds": a.get("seconds", 0.0)} for a in self.actions]
 
 
+def beside_cgroup(hierarchies: Sequence[tuple[Path, str, str]] = BESIDE_CGROUP_HIERARCHIES) -> Path | None:
+    """The ``cgroup.procs`` of a CPU cgroup at the lowest weight for jobs beside the lanes (made
+    if need be), or None where none can be made."""
+    for root, weight_file, lowest in hierarchies:
+        group = root / BESIDE_CGROUP
+        try:
+            group.mkdir(exist_ok=True)
+            (group / weight_file).write_text(lowest, encoding="ascii")
+        except OSError:
+            continue
+        return group / "cgroup.procs"
+    return None
+
+
 def run_stage(name: str, command: Sequence[str]) -> int:
     """Run one stage, streaming its output, and record it; return its exit status."""
     print(f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {' '.join(command)}", flush=True)
@@ -154,6 +179,8 @@ class LaneJob:
     scenario: bool = True
     # The job's CPU priority (nice): 0 for the lanes, NICE_BESIDE for a job beside them.
     nice: int = 0
+    # The cgroup.procs file the job moves itself into before it runs (a job beside the lanes).
+    cgroup_procs: Path | None = None
     clock: ActionClock = field(default_factory=ActionClock)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=FAILED_TAIL_LINES))
     start: float = 0.0
@@ -177,6 +204,14 @@ class LaneJob:
             name.strip(), shlex.split(command), log_dir / f"{name.strip()}.log", False, scenario=False, nice=NICE_BESIDE
         )
 
+    def argv(self) -> list[str]:
+        """The command, niced and in its cgroup where the job has them (the shell moves itself in
+        before it execs, so every process the job starts is in it)."""
+        argv = ["nice", "-n", str(self.nice), *self.command] if self.nice else list(self.command)
+        if self.cgroup_procs:
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup_procs), *argv]
+        return argv
+
     def run(self, lock: threading.Lock) -> None:
         """Run the command; keep its output, note each molecule action as it starts."""
         self.start = _now()
@@ -184,7 +219,7 @@ class LaneJob:
         with self.log_path.open("w", encoding="utf-8", buffering=1) as log:
             try:
                 proc = subprocess.Popen(
-                    ["nice", "-n", str(self.nice), *self.command] if self.nice else self.command,
+                    self.argv(),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     env=env,
@@ -264,6 +299,9 @@ def run_lanes(scenarios: Sequence[str], lanes: int, beside_specs: Sequence[str] 
     log_dir = stages_file().parent
     log_dir.mkdir(parents=True, exist_ok=True)
     beside = [LaneJob.beside(spec, log_dir) for spec in beside_specs]
+    cgroup_procs = beside_cgroup() if beside else None
+    for job in beside:
+        job.cgroup_procs = cgroup_procs
     lanes = max(1, min(lanes, len(scenarios)))
     stream = lanes == 1 and not beside
     jobs = {job.name: job for job in (LaneJob.molecule(s, log_dir, stream) for s in scenarios)}
@@ -271,7 +309,17 @@ def run_lanes(scenarios: Sequence[str], lanes: int, beside_specs: Sequence[str] 
     print(
         f"==> [{time.strftime('%H:%M:%S')}] {len(order)} scenarios in {lanes} lane(s), in this order: "
         f"{', '.join(order) or 'none'}"
-        + (f"; beside them at nice {NICE_BESIDE}: {', '.join(job.name for job in beside)}" if beside else ""),
+        + (
+            f"; beside them at nice {NICE_BESIDE}, "
+            + (
+                f"in the cgroup {cgroup_procs.parent}"
+                if cgroup_procs
+                else "in no cgroup of their own (none could be made)"
+            )
+            + f": {', '.join(job.name for job in beside)}"
+            if beside
+            else ""
+        ),
         flush=True,
     )
     queue = deque(jobs[name] for name in order)

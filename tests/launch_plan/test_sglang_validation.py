@@ -299,6 +299,44 @@ def test_transformers_plan_passes_transformers_serves_parser(transformers_venv, 
     assert result["resolved"]["port"] == 8000
 
 
+def test_the_check_runs_once_per_plan_and_a_plan_checked_before_skips_it(tmp_path, rehearsal_plan, transformers_venv):
+    """validate.yml's record: plan A, plan B, then A again runs the engine's check twice, not three times."""
+    venv = tmp_path / "venv"
+    runs = tmp_path / "check-runs"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    # The venv's python counts the checks it ran and hands them to the real venv.
+    python.write_text(f'#!/bin/sh\necho "$*" >> {runs}\nexec {transformers_venv}/bin/python "$@"\n')
+    python.chmod(0o755)
+
+    def deploy(mark: str) -> str:
+        plan = dict(rehearsal_plan, env=dict(rehearsal_plan["env"], PLAN_MARK=mark))
+        facts = {
+            "inference_server_plan": plan,
+            "inference_server_engine": "transformers",
+            "inference_server_check_requires_gpu": False,
+            "preflight_gpus": [],
+            "ml_env_venv_dir": str(venv),
+            "model_sync_model_dir": rehearsal_plan["argv"][2],
+        }
+        proc = run_role_tasks(tmp_path, facts, ["validate.yml"], check_mode=False)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+        return " ".join(proc.stdout.split())
+
+    def checks() -> int:
+        return len(runs.read_text().splitlines()) if runs.exists() else 0
+
+    deploy("a")
+    assert checks() == 1
+    second = deploy("b")
+    assert checks() == 2 and "not run again" not in second
+    third = deploy("a")
+    assert checks() == 2, runs.read_text()
+    assert "The engine's check passed this plan, venv and model revision before" in third
+    record = (venv / "launch-plan-checked.sha256").read_text().split()
+    assert len(record) == 2 and len(set(record)) == 2
+
+
 def test_transformers_serve_refuses_a_bad_value(transformers_venv, run_check, rehearsal_plan):
     argv = list(rehearsal_plan["argv"])
     argv[argv.index("--port") + 1] = "eighty"

@@ -24,8 +24,9 @@ CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
 # The gateway's lock (smg, roles/gateway) and its wheelhouse; the fleet scenario installs it offline.
 GW_LOCK       := roles/ml_env/files/locks/smg-1.13.0.txt
 GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
-# The baked rehearsal image is tagged with the lock's hash, so a new lock bakes a new image.
-export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)
+# The baked rehearsal image is tagged with the lock's hash and the base image's build id, so a
+# new lock or a new base image bakes a new image.
+export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)-$(shell tools/build-base-image --id)
 
 .PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down prometheus \
         sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean

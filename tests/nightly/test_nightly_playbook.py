@@ -120,11 +120,14 @@ def node(tmp_path_factory):
     # a nice value, and make test runs pytest at nice 19 beside the molecule lanes (tools/test-stages
     # --beside), whose containers would otherwise share the CPU with this one as equals.
     cpu_shares = ["--cpu-shares", str(LOWEST_CPU_SHARES)] if os.nice(0) > 0 else []
+    # ANSIBALLZ_CODE_CACHE: the base image's cache of module payloads' compiled code, as in the
+    # molecule scenarios' containers (tools/base-image/ansiballz_code_cache.py).
     # fmt: off
     run = subprocess.run(
         ["docker", "run", "-d", "--name", name, "--hostname", "control", *cpu_shares, "--cap-add", "SYS_ADMIN",
          "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-         "-e", "container=docker", "-v", f"{REPO}:{REPO}:ro", IMAGE, "/lib/systemd/systemd"],
+         "-e", "container=docker", "-e", "ANSIBALLZ_CODE_CACHE=/var/cache/ansiballz-code",
+         "-v", f"{REPO}:{REPO}:ro", IMAGE, "/lib/systemd/systemd"],
         capture_output=True, text=True, timeout=120)
     # fmt: on
     assert run.returncode == 0, run.stderr

@@ -1,6 +1,8 @@
-"""The last-known-good record is replaced whole (lkg_commit.py); a rollback refuses a record whose files are gone.
+"""The last-known-good record is replaced whole (library/last_known_good.py); a rollback refuses a
+record whose files are gone.
 
-lkg_commit runs on real directories here; the refusal runs the role's tasks/rollback.yml with
+The module's functions run on real directories here, and the module itself through
+ansible-playbook on localhost; the refusal runs the role's tasks/rollback.yml with
 ansible-playbook on localhost against a record in a temporary directory (no systemd needed:
 the refusal comes before anything would be restarted). The molecule scenarios ``default`` and
 ``rollback`` run record_good.yml and rollback.yml on a systemd host.
@@ -25,8 +27,8 @@ BIN = Path(sys.executable).parent
 
 
 def load() -> ModuleType:
-    """files/lkg_commit.py as a module."""
-    spec = importlib.util.spec_from_file_location("lkg_commit", ROLE / "files" / "lkg_commit.py")
+    """library/last_known_good.py as a Python module."""
+    spec = importlib.util.spec_from_file_location("last_known_good", ROLE / "library" / "last_known_good.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -82,6 +84,93 @@ def test_without_rename_exchange_the_record_is_still_replaced_whole(tmp_path, mo
     assert module.commit(str(staged), str(live)) is True
     assert listing(live) == {"state.json": "{2}", "unit.service": "u2"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lkg"]
+
+
+def test_the_record_keeps_each_input_by_its_name_and_forgets_a_removed_one(tmp_path):
+    unit, key = tmp_path / "unit.service", tmp_path / "api-key.yaml"
+    unit.write_text("[Service]\n")
+    files = [
+        {"path": str(unit), "lkg_name": "unit.service", "absent": "keep", "secret": False},
+        {"path": str(key), "lkg_name": "api-key.yaml", "absent": "remove", "secret": True},
+    ]
+    wanted = load().record_contents(files, {"b": 1, "a": [2]})
+    assert wanted == {
+        "unit.service": b"[Service]\n",
+        "state.json": b'{\n    "a": [\n        2\n    ],\n    "b": 1\n}\n',
+    }
+    # An input that must be there (absent: keep) and is missing: nothing is recorded.
+    unit.unlink()
+    with pytest.raises(FileNotFoundError):
+        load().record_contents(files, {})
+
+
+def test_the_staged_record_is_root_only(tmp_path):
+    staged = tmp_path / "lkg.staged"
+    staged.mkdir()
+    (staged / "left-over").write_text("from a killed deploy")
+    load().stage(str(staged), {"unit.service": b"u", "state.json": b"{}"})
+    assert listing(staged) == {"state.json": "{}", "unit.service": "u"}
+    assert staged.stat().st_mode & 0o777 == 0o700
+    assert {p.stat().st_mode & 0o777 for p in staged.iterdir()} == {0o600}
+
+
+def run_module(tmp_path: Path, *extra: str) -> dict:
+    """Run last_known_good through ansible-playbook on localhost; its registered result."""
+    (tmp_path / "unit.service").write_text((tmp_path / "unit.txt").read_text())
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "last_known_good": {
+                        "dir": str(tmp_path / "lkg"),
+                        "staged_dir": str(tmp_path / "lkg.staged"),
+                        "files": [
+                            {"path": str(tmp_path / "unit.service"), "lkg_name": "unit.service", "absent": "keep"}
+                        ],
+                        "state": {"engine": "transformers"},
+                    },
+                    "register": "recorded",
+                },
+                {
+                    "ansible.builtin.copy": {
+                        "content": "{{ recorded | to_json }}",
+                        "dest": str(tmp_path / "result.json"),
+                    },
+                    "check_mode": False,
+                },
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LIBRARY=str(ROLE / "library"))
+    cmd = [
+        str(BIN / "ansible-playbook"),
+        "-i",
+        "localhost,",
+        "-c",
+        "local",
+        "-e",
+        f"ansible_python_interpreter={sys.executable}",
+    ]
+    run = subprocess.run(
+        [*cmd, *extra, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+def test_the_module_records_once_then_changes_nothing_and_check_mode_writes_nothing(tmp_path):
+    (tmp_path / "unit.txt").write_text("[Service]\nEnvironment=A=1\n")
+    first = run_module(tmp_path)
+    assert first["changed"] is True and first["names"] == ["state.json", "unit.service"]
+    assert listing(tmp_path / "lkg")["unit.service"] == "[Service]\nEnvironment=A=1\n"
+    assert run_module(tmp_path)["changed"] is False
+    (tmp_path / "unit.txt").write_text("[Service]\nEnvironment=A=2\n")
+    assert run_module(tmp_path, "--check")["changed"] is True
+    assert listing(tmp_path / "lkg")["unit.service"] == "[Service]\nEnvironment=A=1\n"
+    assert not (tmp_path / "lkg.staged").exists()
 
 
 def rollback(tmp_path: Path, state: dict) -> subprocess.CompletedProcess:

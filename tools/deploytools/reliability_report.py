@@ -443,7 +443,7 @@ to the running one.
 
 **The last-known-good record** is written whole into `last-known-good.staged` and exchanged
 with the live directory by one `renameat2(RENAME_EXCHANGE)` after an fsync
-(`files/lkg_commit.py`): a kill at any point leaves the old record or the new one. A rollback
+(`library/last_known_good.py`, one module run): a kill at any point leaves the old record or the new one. A rollback
 first checks that the record's venv (`bin/python`), model and drafter directories and the
 unit copy exist, and otherwise refuses with one sentence naming what is missing, before any
 link or unit moves (`tests/roles/test_lkg_record.py`).

@@ -620,8 +620,8 @@ PHASES = [
     ("gate", "the gate", "Run the health gate on the host", 3.0, MARK_GATE, MARK_GATE),
     (
         "record",
-        "the last-known-good record, staged but not yet put in place",
-        "Put the staged record in place in one exchange of the directories",
+        "the last-known-good record, as it is staged and put in place",
+        "Record the last-known-good state, staged aside and put in place in one exchange of the directories",
         0.0,
         MARK_RECORD,
         MARK_RECORD,

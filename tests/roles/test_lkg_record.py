@@ -24,6 +24,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "inference_server"
 BIN = Path(sys.executable).parent
+# ansible-playbook against localhost, its modules run by this test's Python.
+LOCALHOST_PLAYBOOK = [
+    str(BIN / "ansible-playbook"),
+    *("-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"),
+]
 
 
 def load() -> ModuleType:
@@ -145,17 +150,12 @@ def run_module(tmp_path: Path, *extra: str) -> dict:
     ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LIBRARY=str(ROLE / "library"))
-    cmd = [
-        str(BIN / "ansible-playbook"),
-        "-i",
-        "localhost,",
-        "-c",
-        "local",
-        "-e",
-        f"ansible_python_interpreter={sys.executable}",
-    ]
     run = subprocess.run(
-        [*cmd, *extra, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path
+        [*LOCALHOST_PLAYBOOK, *extra, str(tmp_path / "play.yml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     return json.loads((tmp_path / "result.json").read_text())
@@ -208,9 +208,8 @@ def rollback(tmp_path: Path, state: dict) -> subprocess.CompletedProcess:
         ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
         PATH=f"{BIN}:{os.environ['PATH']}",
     )
-    cmd = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
-    cmd += ["-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}"]
-    return subprocess.run([*cmd, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+    cmd = [*LOCALHOST_PLAYBOOK, "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "play.yml")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
 
 
 @pytest.mark.parametrize("missing", ["venv", "model"])

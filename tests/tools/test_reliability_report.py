@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# molecule/shared (pyproject.toml's pytest pythonpath): the scenarios' writer of result rows.
+from result_rows import check_rows, write_results
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "reliability-report"
 
 RESULTS = {
@@ -267,3 +270,24 @@ def test_the_fleet_scenarios_fault_rows_join_the_faults_and_are_counted(tmp_path
     page = (tmp_path / "page.md").read_text()
     assert "8 rows from the scenarios' tests, 2 of them not as expected" in page
     assert "test_put_back: **NOT PASSED** (failed)" in page
+
+
+def test_the_scenarios_writer_gives_results_the_tool_renders_and_checks(tmp_path):
+    """molecule/shared/result_rows.py, the one writer of molecule/reliability's and molecule/fleet's rows:
+    what it writes the tool reads (schema, commit, the scenario's fields) and compares row by row."""
+    committed, produced = tmp_path / "committed.json", tmp_path / "produced.json"
+    write_results(committed, RESULTS["rows"], scenario="molecule/fleet", pytest_exit_status=0)
+    written = json.loads(committed.read_text())
+    assert written["schema"] == 1 and written["rows"] == RESULTS["rows"]
+    assert written["scenario"] == "molecule/fleet" and written["pytest_exit_status"] == 0
+    assert written["commit"] and written["machine"]["cpus"] and written["generated"].endswith("Z")
+    assert render(tmp_path, results=written).returncode == 0
+    assert "7 rows from the scenarios' tests, 1 of them not as expected" in (tmp_path / "page.md").read_text()
+
+    write_results(produced, [dict(r, seconds=9.9) for r in RESULTS["rows"]])
+    same, said = check_rows(produced, committed)
+    assert same, said
+    write_results(produced, [dict(r, outcome="failed") if r.get("fault") == "crash" else r for r in RESULTS["rows"]])
+    same, said = check_rows(produced, committed)
+    assert not same
+    assert "row faults/crash: as expected in the committed page, NOT as expected now" in said

@@ -12,12 +12,13 @@ the same 401).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+# molecule/shared/verify_steps.py: the helpers of the scenarios' verifiers.
+from verify_steps import run_offline
 
 REPO = Path(__file__).resolve().parents[3]
 UNIT = "smg-gateway"
@@ -114,23 +115,6 @@ def test_systemd_rates_the_gateways_sandbox_below_the_threshold(host, systemd_ex
     assert host.service(UNIT).is_running
 
 
-def check_offline(extra: dict) -> tuple[int, str]:
-    """refusal.yml (the gateway's input checks, offline): its exit status and the failed task's message."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    playbook = shutil.which("ansible-playbook") or str(REPO / ".venv/bin/ansible-playbook")
-    proc = subprocess.run(
-        [playbook, str(REPO / "molecule/exposure/refusal.yml"), "-e", json.dumps(extra)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=300,
-    )
-    results = [r for play in json.loads(proc.stdout)["plays"] for t in play["tasks"] for r in t["hosts"].values()]
-    return proc.returncode, " ".join(next((r["msg"] for r in results if r.get("failed")), "").split())
-
-
 @pytest.mark.parametrize(
     "extra, sentence",
     [
@@ -157,5 +141,5 @@ def check_offline(extra: dict) -> tuple[int, str]:
 )
 def test_an_open_gateway_is_refused_before_anything_changes(extra, sentence):
     """The repository's inventory: its workers are ct129 (0.0.0.0) and sim (127.0.0.1)."""
-    rc, message = check_offline(extra)
+    rc, message = run_offline("molecule/exposure/refusal.yml", extra)
     assert (rc, message) == (2, sentence)

@@ -6,13 +6,12 @@ and changes and restarts nothing on the third."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-# molecule/shared: the helpers of every scenario's verifier (molecule/shared/verify_steps.py).
+# molecule/shared: the helpers of the scenarios' verifiers (verify_steps.py), and the writer of the
+# rows the fleet adds to docs/reliability.md (result_rows.py, the reliability scenario's too).
+from result_rows import check_rows, write_results
 from verify_steps import failed_output, recorded
 
 REPO = Path(__file__).resolve().parents[3]
@@ -106,27 +105,6 @@ FAULT_ROWS = REPO / "artifacts" / "fleet" / "faults.json"
 COMMITTED_ROWS = REPO / "docs" / "reliability-results-fleet.json"
 
 
-def write_fault_rows(rows: list[dict]) -> None:
-    """Write the scenario's fault rows in the reliability scenario's results schema."""
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    FAULT_ROWS.parent.mkdir(parents=True, exist_ok=True)
-    FAULT_ROWS.write_text(
-        json.dumps(
-            {
-                "schema": 1,
-                "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "commit": commit,
-                "scenario": "molecule/fleet",
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-
-
 def test_controller_killed_while_the_gateway_puts_a_host_back_then_the_rerun_puts_it_back(request):
     """Killed as the put-back starts (host 1 restarted, gated, recorded, out of the gateway): the same deploy again
     ends with host 1 routable, serving, and its last-known-good unit equal to the running one.
@@ -176,24 +154,13 @@ def test_controller_killed_while_the_gateway_puts_a_host_back_then_the_rerun_put
         assert good_after_rerun and lkg_sha(rerun["after"], host) != "none"
         row["outcome"] = "passed"
     finally:
-        write_fault_rows([row])
+        write_results(FAULT_ROWS, [row], scenario="molecule/fleet")
 
 
 def test_the_fleet_rows_and_their_outcomes_are_those_of_the_committed_page():
     """The rows just written must be those of docs/reliability-results-fleet.json (timings aside)."""
-    check = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "reliability-report"),
-            "--results",
-            str(FAULT_ROWS),
-            "--check-rows",
-            str(COMMITTED_ROWS),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    same, said = check_rows(FAULT_ROWS, COMMITTED_ROWS)
+    assert same, said
 
 
 def test_noop_host_of_a_nightly_run_changes_and_restarts_nothing_and_still_measures():

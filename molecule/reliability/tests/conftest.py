@@ -14,10 +14,8 @@ to ``$RELIABILITY_RESULTS`` (default ``<repo>/artifacts/reliability/results.json
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -32,6 +30,11 @@ from typing import Any
 
 import pytest
 import yaml
+from result_rows import check_rows, write_results
+
+# molecule/shared/verify_plugin.py: the hooks and fixtures every scenario's verifier shares
+# (each phase's report on the item as rep_setup, rep_call, which journal_on_failure reads).
+pytest_plugins = ["verify_plugin"]
 
 REPO = Path(__file__).resolve().parents[3]
 HOST = os.environ.get("RELIABILITY_HOST", "rel-molecule")
@@ -543,36 +546,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Write the rows (also after failures: a failed case is a row too)."""
     if not ROWS:
         return
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = (0.0, 0.0, 0.0)
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-    )
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "schema": 1,
-                "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                "commit": commit + ("+dirty" if dirty else ""),
-                "machine": {
-                    "cpus": os.cpu_count(),
-                    "load_avg": [round(x, 2) for x in load],
-                    "python": platform.python_version(),
-                },
-                "image": os.environ.get("MLENV_IMAGE", ""),
-                "duration_s": round(time.time() - STARTED, 1),
-                "pytest_exit_status": int(exitstatus),
-                "rows": ROWS,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_results(
+        RESULTS,
+        ROWS,
+        image=os.environ.get("MLENV_IMAGE", ""),
+        duration_s=round(time.time() - STARTED, 1),
+        pytest_exit_status=int(exitstatus),
     )
     # A whole run (no -k or -m, nothing deselected) must give the committed page's rows and
     # outcomes: otherwise the verify fails, and with it make test. `make reliability`, which
@@ -582,20 +561,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     if os.environ.get("RELIABILITY_CHECK_ROWS") == "0":
         return
-    check = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "reliability-report"),
-            "--results",
-            str(RESULTS),
-            "--check-rows",
-            str(REPO / "docs" / "reliability-results.json"),
-        ],
-        capture_output=True,
-        text=True,
-    )
-    sys.stderr.write(check.stdout + check.stderr)
-    if check.returncode != 0:
+    same, said = check_rows(RESULTS, REPO / "docs" / "reliability-results.json")
+    sys.stderr.write(said)
+    if not same:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -626,11 +594,9 @@ def journal_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    """Attach each phase's report to the item (rep_setup, rep_call)."""
+    """The rows this test recorded take its outcome: passed only when every phase passed."""
     outcome = yield
     report = outcome.get_result()
-    setattr(item, "rep_" + report.when, report)
-    # The rows this test recorded take its outcome: passed only when every phase passed.
     for row in ROWS:
         if row["test"] == item.nodeid and row["outcome"] != "failed" and (report.when == "call" or report.failed):
             row["outcome"] = "failed" if report.failed else report.outcome

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+# molecule/shared/verify_steps.py: the helpers of the scenarios' verifiers.
+from verify_steps import run_offline
 
 REPO = Path(__file__).resolve().parents[3]
 UNIT = "inference-server"
@@ -148,28 +150,6 @@ def test_sglang_logs_through_the_plans_configuration_without_its_argument_dump(h
     assert KEY not in config.content_string
 
 
-def check_offline(keys: dict[str, str]) -> tuple[int, str]:
-    """refusal.yml (ct129's precheck, offline) with ``keys``: its exit status and the failed task's message."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "MOLECULE_"))}
-    env.update(ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
-    playbook = shutil.which("ansible-playbook") or str(REPO / ".venv/bin/ansible-playbook")
-    proc = subprocess.run(
-        [playbook, str(REPO / "molecule/render-ct129/refusal.yml"), "-e", json.dumps(keys)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=300,
-    )
-    results = [
-        result
-        for play in json.loads(proc.stdout)["plays"]
-        for task in play["tasks"]
-        for result in task["hosts"].values()
-    ]
-    return proc.returncode, " ".join(next((r["msg"] for r in results if r.get("failed")), "").split())
-
-
 @pytest.mark.parametrize(
     "keys, sentence",
     [
@@ -213,6 +193,6 @@ def check_offline(keys: dict[str, str]) -> tuple[int, str]:
 )
 def test_a_network_bind_needs_both_keys_before_anything_changes(keys, sentence):
     """ct129 as the repository holds it (0.0.0.0, no key: the keys come from the operator's vault)."""
-    rc, message = check_offline(keys)
+    rc, message = run_offline("molecule/render-ct129/refusal.yml", keys)
     assert message == sentence
     assert (rc == 0) == (not sentence), message

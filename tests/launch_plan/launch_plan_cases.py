@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import sys
-import textwrap
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -100,44 +97,4 @@ def launch_plan_tool(*args: str, cache: Path | None = None) -> subprocess.Comple
         env["DEPLOY_CACHE_DIR"] = str(cache)
     return subprocess.run(
         [str(REPO / "tools" / "launch-plan"), *args], capture_output=True, text=True, env=env, check=False
-    )
-
-
-def run_role_tasks(
-    tmp_path: Path, facts: dict[str, Any], tasks_from: list[str], check_mode: bool = True
-) -> subprocess.CompletedProcess:
-    """Run role task files on this machine (connection local) with ``facts`` as extra vars."""
-    tasks = "\n".join(
-        f"""    - name: Run inference_server {name}
-      ansible.builtin.include_role:
-        name: inference_server
-        tasks_from: {name}"""
-        for name in tasks_from
-    )
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(
-        textwrap.dedent("""\
-        - name: Exercise the launch plan tasks
-          hosts: localhost
-          gather_facts: false
-          tasks:
-        """)
-        + tasks
-        + "\n"
-    )
-    (tmp_path / "facts.json").write_text(json.dumps(facts))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-        "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "False",
-        "ANSIBLE_DEPRECATION_WARNINGS": "False",
-        "DEPLOY_CACHE_DIR": str(cache_dir()),
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
-    return subprocess.run(
-        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
     )

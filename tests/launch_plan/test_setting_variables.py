@@ -10,7 +10,8 @@ from pathlib import Path
 
 from deploytools.launch_plan.common import SETTINGS
 from deploytools.launch_plan_cli import argv_flags
-from launch_plan_cases import launch_plan_tool, load_yaml, run_role_tasks
+from launch_plan_cases import launch_plan_tool, load_yaml
+from role_files import run_role_tasks
 
 ROLE = "roles/inference_server"
 # The whole-dictionary form's refusal, as tools/launch-plan and a deploy's precheck print it.

@@ -24,9 +24,9 @@ from launch_plan_cases import (
     QWEN_CONFIG,
     REPO,
     cache_dir,
-    run_role_tasks,
     setting_variables,
 )
+from role_files import run_role_tasks
 
 SGLANG_RADIX_ERROR = (
     "Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix cache when using "

@@ -473,7 +473,7 @@ ADOPTION = """\
 Hand-written, not generated from the reliability scenario's results: these rows were tried by
 `molecule test -s adopt` (`molecule/adopt`, a container of ct129 as the origin story left it:
 venv by hand at `/root/ml-env`, model in `/root/models/tiny-qwen3.5`, `transformers serve`
-started with nohup as root on port 30000) and are asserted by its `tests/test_adopt.py`;
+started with nohup as root on port 30000) and are asserted by `molecule/adopt/tests/test_adopt.py`;
 README "Adopting a host that runs by hand" describes the design.
 
 | case | how it was tried | what happened | what the host did |

@@ -41,6 +41,7 @@ from launch_plan_cases import (
     TINY_CONFIG,
     cache_dir,
     load_yaml,
+    profile_settings,
 )
 
 NEWEST_MARKER = "sglang_newest"
@@ -117,7 +118,7 @@ def ct129_kwargs(ct129: dict[str, Any]) -> dict[str, Any]:
         "port": group["inference_server_port"],
         "gpus": offline["gpus"],
         "weights_bytes": offline["weights_bytes"],
-        "settings": dict(group["inference_server_settings"]),
+        "settings": profile_settings(group),
         "overrides": {},
         "cache_dir": "/var/cache/inference-server",
     }

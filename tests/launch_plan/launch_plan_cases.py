@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
+from deploytools.launch_plan.common import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 CHECK_SCRIPT = REPO / "roles" / "inference_server" / "files" / "check-launch-args.py"
@@ -61,9 +64,9 @@ ORIGIN_REFUSAL = (
     "speculative decoding (inference_server_overrides['--speculative-algorithm']: NEXTN) on the hybrid model "
     "Qwen3_5ForConditionalGeneration with the radix cache needs --mamba-scheduler-strategy extra_buffer and "
     "SGLANG_ENABLE_SPEC_V2=1, not no_buffer (the default auto), and SGLang refuses it at start-up: set "
-    "speculative_algorithm in inference_server_settings rather than in inference_server_overrides so the plan "
-    "derives extra_buffer, or add '--mamba-scheduler-strategy: extra_buffer' to inference_server_overrides, or "
-    "set disable_radix_cache: true in inference_server_settings."
+    "inference_server_speculative_algorithm rather than inference_server_overrides so the plan derives "
+    "extra_buffer, or add '--mamba-scheduler-strategy: extra_buffer' to inference_server_overrides, or set "
+    "inference_server_disable_radix_cache to true."
 )
 
 
@@ -75,3 +78,23 @@ def cache_dir() -> Path:
 def load_yaml(relpath: str) -> Any:
     """A YAML file of the repository."""
     return yaml.safe_load((REPO / relpath).read_text())
+
+
+def setting_variables(group: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings' role variables a group_vars file sets (``inference_server_<setting>: value``)."""
+    return {s.variable: group[s.variable] for s in SETTINGS if s.variable in group}
+
+
+def profile_settings(group: Mapping[str, Any]) -> dict[str, Any]:
+    """The same by setting, as the launch_plan filter gets them (the role's vars/main.yml composes them)."""
+    return {s.key: group[s.variable] for s in SETTINGS if s.variable in group}
+
+
+def launch_plan_tool(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run tools/launch-plan with ``args`` (``cache``: its DEPLOY_CACHE_DIR)."""
+    env = dict(os.environ)
+    if cache is not None:
+        env["DEPLOY_CACHE_DIR"] = str(cache)
+    return subprocess.run(
+        [str(REPO / "tools" / "launch-plan"), *args], capture_output=True, text=True, env=env, check=False
+    )

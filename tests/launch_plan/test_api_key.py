@@ -146,8 +146,8 @@ def test_sglangs_own_logger_setup_drops_the_argument_dump_and_keeps_the_rest(sgl
         (
             "--config",
             "inference_server_overrides['--config']: the plan passes the API key file with --config, and "
-            "SGLang takes only one: remove it and give those flags through inference_server_settings or "
-            "inference_server_overrides.",
+            "SGLang takes only one: remove it and give those flags through their inference_server_<setting> "
+            "variables or inference_server_overrides.",
         ),
     ],
 )

@@ -10,14 +10,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from launch_plan_cases import ORIGIN_OVERRIDES, ORIGIN_REFUSAL, REPO, load_yaml
+from launch_plan_cases import ORIGIN_OVERRIDES, ORIGIN_REFUSAL, REPO, launch_plan_tool, load_yaml, profile_settings
 
 CACHE = "/var/cache/inference-server"
 CT129_ARGV = [
@@ -224,23 +222,24 @@ EIGHT_GPUS = [{"index": i, "name": "NVIDIA RTX A6000", "memory_mib": 49140} for 
 REFUSALS = {
     "nextn-without-mtp-head": (
         no_mtp, {},
-        "inference_server_settings.speculative_algorithm is NEXTN, which drafts with the model's own MTP head, "
+        "inference_server_speculative_algorithm is NEXTN, which drafts with the model's own MTP head, "
         "but Qwen3_5ForConditionalGeneration has mtp_num_hidden_layers 0 in config.json: set "
-        "speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in model_sync_draft_source."),
+        "inference_server_speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in "
+        "model_sync_draft_source."),
     "tp1-does-not-fit-48gb": (
         None, {"settings": {"tensor_parallel_size": 1}},
-        "inference_server_settings.tensor_parallel_size is 1, but the weights need 51.8 GiB per GPU plus 8.0 GiB "
-        "headroom (inference_server_settings.gpu_memory_headroom_gib) and each GPU has 48.0 GiB: set it to 2."),
+        "inference_server_tensor_parallel_size is 1, but the weights need 51.8 GiB per GPU plus 8.0 GiB "
+        "headroom (inference_server_gpu_memory_headroom_gib) and each GPU has 48.0 GiB: set it to 2."),
     "tp-exceeds-gpus": (
         None, {"settings": {"tensor_parallel_size": 4}},
-        "inference_server_settings.tensor_parallel_size is 4, but the host has 2 GPU(s): set it to 1 or 2."),
+        "inference_server_tensor_parallel_size is 4, but the host has 2 GPU(s): set it to 1 or 2."),
     "tp-does-not-divide-attention-heads": (
         None, {"settings": {"tensor_parallel_size": 5}, "gpus": EIGHT_GPUS},
-        "inference_server_settings.tensor_parallel_size is 5, which does not divide the model's 24 attention heads "
+        "inference_server_tensor_parallel_size is 5, which does not divide the model's 24 attention heads "
         "(num_attention_heads): set it to 1, 2, 4 or 8."),
     "tp-does-not-divide-linear-heads": (
         None, {"settings": {"tensor_parallel_size": 3}, "gpus": EIGHT_GPUS},
-        "inference_server_settings.tensor_parallel_size is 3, which does not divide the model's 16 linear-attention "
+        "inference_server_tensor_parallel_size is 3, which does not divide the model's 16 linear-attention "
         "key heads (linear_num_key_heads): set it to 1, 2, 4 or 8."),
     "no-gpus": (
         None, {"gpus": []},
@@ -254,27 +253,27 @@ REFUSALS = {
         None, {"overrides": {"--disable-radix-cache": True}},
         "inference_server_overrides['--disable-radix-cache'] disables the radix cache, which SGLang refuses "
         "together with --mamba-scheduler-strategy extra_buffer, set by the plan (derived from "
-        "inference_server_settings.speculative_algorithm): set disable_radix_cache: true in "
-        "inference_server_settings instead, so the plan keeps no_buffer."),
+        "inference_server_speculative_algorithm): set inference_server_disable_radix_cache to true instead, so "
+        "the plan keeps no_buffer."),
     "explicit-extra-buffer-and-disable-radix-cache": (
         None, {"settings": {"mamba_scheduler_strategy": "extra_buffer", "disable_radix_cache": True}},
-        "inference_server_settings.disable_radix_cache disables the radix cache, which SGLang refuses together "
-        "with --mamba-scheduler-strategy extra_buffer, set by inference_server_settings.mamba_scheduler_strategy: "
+        "inference_server_disable_radix_cache disables the radix cache, which SGLang refuses together "
+        "with --mamba-scheduler-strategy extra_buffer, set by inference_server_mamba_scheduler_strategy: "
         "drop one of the two."),
     "no-buffer-with-radix-cache": (
         None, {"settings": {"mamba_scheduler_strategy": "no_buffer"}},
-        "speculative decoding (inference_server_settings.speculative_algorithm: NEXTN) on the hybrid model "
+        "speculative decoding (inference_server_speculative_algorithm: NEXTN) on the hybrid model "
         "Qwen3_5ForConditionalGeneration with the radix cache needs --mamba-scheduler-strategy extra_buffer and "
         "SGLANG_ENABLE_SPEC_V2=1, not no_buffer, and SGLang refuses it at start-up: set "
-        "inference_server_settings.mamba_scheduler_strategy to extra_buffer or leave it unset so the plan derives "
-        "it, or set disable_radix_cache: true in inference_server_settings."),
+        "inference_server_mamba_scheduler_strategy to extra_buffer or leave it unset so the plan derives "
+        "it, or set inference_server_disable_radix_cache to true."),
     "override-removes-extra-buffer": (
         None, {"overrides": {"--mamba-scheduler-strategy": None}},
-        "speculative decoding (inference_server_settings.speculative_algorithm: NEXTN) on the hybrid model "
+        "speculative decoding (inference_server_speculative_algorithm: NEXTN) on the hybrid model "
         "Qwen3_5ForConditionalGeneration with the radix cache needs --mamba-scheduler-strategy extra_buffer and "
         "SGLANG_ENABLE_SPEC_V2=1, not no_buffer (the default auto), and SGLang refuses it at start-up: remove "
         "inference_server_overrides['--mamba-scheduler-strategy'], which removes the extra_buffer the plan "
-        "derived, or set disable_radix_cache: true in inference_server_settings."),
+        "derived, or set inference_server_disable_radix_cache to true."),
     "origin-story-flags": (None, {"settings": None, "overrides": ORIGIN_OVERRIDES}, ORIGIN_REFUSAL),
     "spec-v2-switched-off": (
         None, {"environment": {"SGLANG_ENABLE_SPEC_V2": "0"}},
@@ -287,34 +286,35 @@ REFUSALS = {
         "letters, digits and underscores."),
     "track-interval-below-draft-tokens": (
         None, {"settings": {"mamba_track_interval": 2}},
-        "inference_server_settings.mamba_track_interval is 2, less than the 4 speculative draft tokens, which "
+        "inference_server_mamba_track_interval is 2, less than the 4 speculative draft tokens, which "
         "SGLang refuses with extra_buffer: set it to at least 4."),
     "track-interval-not-divisible-by-page-size": (
         None, {"settings": {"mamba_track_interval": 48, "page_size": 32}},
-        "inference_server_settings.mamba_track_interval is 48, which is not divisible by --page-size 32 (set by "
-        "inference_server_settings.page_size): set mamba_track_interval to a multiple of 32."),
+        "inference_server_mamba_track_interval is 48, which is not divisible by --page-size 32 (set by "
+        "inference_server_page_size): set inference_server_mamba_track_interval to a multiple of 32."),
     "default-track-interval-not-divisible-by-page-size": (
         None, {"overrides": {"--page-size": 128, "--mamba-track-interval": 192}},
         "inference_server_overrides['--mamba-track-interval'] is 192, which is not divisible by --page-size 128 "
-        "(set by inference_server_overrides['--page-size']): set mamba_track_interval to a multiple of 128."),
+        "(set by inference_server_overrides['--page-size']): set inference_server_mamba_track_interval to a "
+        "multiple of 128."),
     "page-size-and-linear-attention-chunk": (
         None, {"settings": {"page_size": 48}},
-        "inference_server_settings.page_size is 48, but with extra_buffer the page size and SGLang's "
+        "inference_server_page_size is 48, but with extra_buffer the page size and SGLang's "
         "linear-attention chunk size 64 must divide one another: use a power of two such as 16, 32, 64 or 128."),
     "only-draft-tokens-set": (
         None, {"settings": {"speculative_num_steps": None, "speculative_eagle_topk": None,
                             "speculative_num_draft_tokens": 1}},
-        "inference_server_settings.speculative_num_draft_tokens sets --speculative-num-draft-tokens without "
+        "inference_server_speculative_num_draft_tokens sets --speculative-num-draft-tokens without "
         "--speculative-num-steps and --speculative-eagle-topk: SGLang needs all three or none, so set all three "
         "(3, 1, 4 is SGLang's own choice) or none."),
     "draft-not-steps-plus-one-with-topk-1": (
         None, {"settings": {"speculative_num_draft_tokens": 5}},
-        "inference_server_settings.speculative_num_draft_tokens is 5, but with speculative_eagle_topk 1 SGLang uses "
+        "inference_server_speculative_num_draft_tokens is 5, but with speculative_eagle_topk 1 SGLang uses "
         "speculative_num_steps + 1 = 4 draft tokens: set it to 4."),
     "speculative-params-without-algorithm": (
         None, {"settings": {"speculative_algorithm": None}},
-        "inference_server_settings.speculative_num_steps sets --speculative-num-steps without a speculative "
-        "algorithm: set inference_server_settings.speculative_algorithm or remove it."),
+        "inference_server_speculative_num_steps sets --speculative-num-steps without a speculative "
+        "algorithm: set inference_server_speculative_algorithm or remove it."),
     "unknown-flag": (
         None, {"overrides": {"--speculative-num-stepz": 3}},
         "inference_server_overrides['--speculative-num-stepz']: sglang 0.5.11 has no flag --speculative-num-stepz "
@@ -325,7 +325,7 @@ REFUSALS = {
         "in full): fix or remove it."),
     "bad-choice": (
         None, {"settings": {"dtype": "bf16"}},
-        "inference_server_settings.dtype sets --dtype to 'bf16', but sglang accepts only auto, bfloat16, float, "
+        "inference_server_dtype sets --dtype to 'bf16', but sglang accepts only auto, bfloat16, float, "
         "float16, float32, half: use one of them."),
     "not-an-integer": (
         None, {"overrides": {"--max-running-requests": "many"}},
@@ -354,15 +354,15 @@ REFUSALS = {
         "inference_server_environment)."),
     "unknown-setting": (
         None, {"settings": {"tensor_paralel_size": 2}},
-        "inference_server_settings has no key 'tensor_paralel_size': use one of device, tensor_parallel_size, "
+        "the launch plan has no setting 'tensor_paralel_size': use one of device, tensor_parallel_size, "
         "dtype, trust_remote_code, context_length, mem_fraction_static, max_running_requests, page_size, "
         "served_model_name, enable_metrics, disable_radix_cache, speculative_algorithm, speculative_num_steps, "
         "speculative_eagle_topk, speculative_num_draft_tokens, mamba_scheduler_strategy, mamba_track_interval, "
-        "gpu_memory_headroom_gib, target_concurrency, min_context_length, or pass the engine flag through "
-        "inference_server_overrides."),
+        "gpu_memory_headroom_gib, target_concurrency, min_context_length (each set as inference_server_<setting>), "
+        "or pass the engine flag through inference_server_overrides."),
     "wrongly-typed-setting": (
-        None, {"settings": {"tensor_parallel_size": "2"}},
-        "inference_server_settings.tensor_parallel_size is '2', but it must be a positive integer: correct it in "
+        None, {"settings": {"tensor_parallel_size": "two"}},
+        "inference_server_tensor_parallel_size is 'two', but it must be a positive integer: correct it in "
         "the host's group_vars or host_vars."),
     "tp-zero": (
         None, {"overrides": {"--tensor-parallel-size": 0}},
@@ -380,8 +380,8 @@ REFUSALS = {
         "inference_server_overrides['--dtype'] is a list, but --dtype takes one value: give a single value."),
     "settings-not-a-mapping": (
         None, {"settings": "tp=2"},
-        "inference_server_settings must be a mapping of setting names to values: see docs/launch-plan.md for the "
-        "keys."),
+        "the launch plan's settings must be a mapping of setting names to values, each set as its "
+        "inference_server_<setting> variable: see docs/launch-plan.md for the settings."),
     "unknown-engine": (
         None, {"engine": "vllm"}, "inference_server_engine is 'vllm': use one of sglang, transformers."),
     "bad-port": (
@@ -477,7 +477,7 @@ def rehearsal_kwargs() -> dict[str, Any]:
         "port": group["inference_server_port"],
         "gpus": [],
         "weights_bytes": None,
-        "settings": group["inference_server_settings"],
+        "settings": profile_settings(group),
         "overrides": {},
         "cache_dir": CACHE,
     }
@@ -545,13 +545,13 @@ def test_transformers_cpu_threads(launch_plan, tiny_config, rehearsal_kwargs, th
     [
         (
             {"settings": {"cpu_threads": 0}},
-            "inference_server_settings.cpu_threads is 0, but it must be a positive integer: correct it in the host's "
+            "inference_server_cpu_threads is 0, but it must be a positive integer: correct it in the host's "
             "group_vars or host_vars.",
         ),
         (
             {"settings": {"tensor_parallel_size": 1}},
-            "inference_server_settings.tensor_parallel_size does not apply to the transformers engine: remove it from "
-            "this host's settings.",
+            "inference_server_tensor_parallel_size does not apply to the transformers engine: remove it from "
+            "this host's group_vars or host_vars.",
         ),
         (
             {"overrides": {"--speculative-algorithm": "NEXTN"}},
@@ -574,15 +574,6 @@ def test_transformers_refusals(launch_plan, tiny_config, rehearsal_kwargs, chang
 # --------------------------------------------------------------------------------------
 # tools/launch-plan: the same plan, offline, from the inventory
 # --------------------------------------------------------------------------------------
-
-
-def launch_plan_tool(*args: str, cache: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    if cache is not None:
-        env["DEPLOY_CACHE_DIR"] = str(cache)
-    return subprocess.run(
-        [str(REPO / "tools" / "launch-plan"), *args], capture_output=True, text=True, env=env, check=False
-    )
 
 
 def expected_venv(ml_env_path: str, lock: str) -> str:
@@ -618,16 +609,12 @@ def test_tool_prints_the_ct129_plan(ct129):
 
 
 def test_tool_refuses_with_the_plans_sentence():
-    proc = launch_plan_tool(
-        "ct129",
-        "-e",
-        json.dumps({"inference_server_settings": {"tensor_parallel_size": 1, "speculative_algorithm": "NEXTN"}}),
-    )
+    proc = launch_plan_tool("ct129", "-e", "inference_server_tensor_parallel_size=1")
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr.strip() == (
-        "launch-plan: ct129: inference_server_settings.tensor_parallel_size is 1, but the weights need 51.8 GiB per "
-        "GPU plus 8.0 GiB headroom (inference_server_settings.gpu_memory_headroom_gib) and each GPU has 48.0 GiB: "
+        "launch-plan: ct129: inference_server_tensor_parallel_size is 1, but the weights need 51.8 GiB per "
+        "GPU plus 8.0 GiB headroom (inference_server_gpu_memory_headroom_gib) and each GPU has 48.0 GiB: "
         "set it to 2."
     )
 

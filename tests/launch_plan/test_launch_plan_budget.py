@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from deploytools.launch_plan.common import setting_variable
 from launch_plan_cases import REPO
 
 LOGGED = json.loads((REPO / "tests" / "launch_plan" / "fixtures" / "sglang_realsize_h200_logged.json").read_text())
@@ -178,7 +179,7 @@ def test_ct129_settings_on_every_gpu_size(launch_plan, qwen_config, ct129_kwargs
     if (size, tp) == (80, 1):  # fits, but the budget holds fewer than 4 running requests
         with pytest.raises(launch_plan.PlanError) as err:
             launch_plan.build_plan(qwen_config, **kwargs)
-        assert str(err.value).startswith("inference_server_settings.target_concurrency is 4, but the memory budget")
+        assert str(err.value).startswith("inference_server_target_concurrency is 4, but the memory budget")
         return
     plan = launch_plan.build_plan(qwen_config, **kwargs)
     result = plan["budget"]
@@ -227,24 +228,26 @@ def test_sglangs_unset_48_on_ct129_is_refused(launch_plan, qwen_config, ct129_kw
         "default for this GPU) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), "
         "the weights (25.5 GiB) leave 7.9 GiB of the 33.5 GiB static pools, and the speculative verify buffers for 48 "
         "requests (13.8 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): "
-        "lower inference_server_overrides['--max-running-requests'] to 7 or raise mem_fraction_static to at least "
-        "0.907."
+        "lower inference_server_overrides['--max-running-requests'] to 7 or raise "
+        "inference_server_mem_fraction_static to at least 0.907."
     )
 
 
 BUDGET_REFUSALS = {
     "target-beyond-the-budget": (
         {"settings": {"target_concurrency": 8}},
-        "inference_server_settings.target_concurrency is 8, but the memory budget per GPU (--mem-fraction-static "
+        "inference_server_target_concurrency is 8, but the memory budget per GPU (--mem-fraction-static "
         "0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 8 (the plan: "
-        "inference_server_settings.target_concurrency)) holds only 7 running requests (37 mamba slots at 5 per "
-        "request): lower target_concurrency to 7 or raise mem_fraction_static to at least 0.726.",
+        "inference_server_target_concurrency)) holds only 7 running requests (37 mamba slots at 5 per "
+        "request): lower inference_server_target_concurrency to 7 or raise inference_server_mem_fraction_static "
+        "to at least 0.726.",
     ),
     "fraction-leaves-no-room-for-the-draft": (
         {"settings": {"mem_fraction_static": 0.95}},
-        "--mem-fraction-static 0.95 (inference_server_settings.mem_fraction_static) leaves 2.0 GiB per GPU beside "
+        "--mem-fraction-static 0.95 (inference_server_mem_fraction_static) leaves 2.0 GiB per GPU beside "
         "SGLang's pools, but the MTP draft (2.8 GiB while it loads), its KV cache (0.6 GiB) and SGLang's activation "
-        "and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower mem_fraction_static to at most 0.78.",
+        "and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower inference_server_mem_fraction_static to at most "
+        "0.78.",
     ),
     "context-beyond-the-kv-cache": (
         {"overrides": {"--context-length": 200000}},
@@ -255,14 +258,15 @@ BUDGET_REFUSALS = {
     "kv-cache-below-the-least-context": (
         {"settings": {"min_context_length": 131072}},
         "the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), "
-        "--max-running-requests 4 (the plan: inference_server_settings.target_concurrency)) leaves a KV cache of "
-        "119495 tokens, less than inference_server_settings.min_context_length 131072: lower target_concurrency to "
-        "1 or raise mem_fraction_static to at least 0.733 or lower min_context_length.",
+        "--max-running-requests 4 (the plan: inference_server_target_concurrency)) leaves a KV cache of "
+        "119495 tokens, less than inference_server_min_context_length 131072: lower "
+        "inference_server_target_concurrency to 1 or raise inference_server_mem_fraction_static to at least 0.733 "
+        "or lower inference_server_min_context_length.",
     ),
     "context-below-the-least-context": (
         {"settings": {"context_length": 16384}},
-        "inference_server_settings.context_length is 16384, less than inference_server_settings.min_context_length "
-        "32768: raise it or lower min_context_length.",
+        "inference_server_context_length is 16384, less than inference_server_min_context_length "
+        "32768: raise it or lower inference_server_min_context_length.",
     ),
 }
 
@@ -401,11 +405,12 @@ def flag_of(argv: list[str], flag: str) -> str | None:
 def test_plan_reproduces_what_sglang_logged_when_launched_from_it(case):
     """Each case re-planned now (tools/launch-plan, the role's code path) against SGLang's own
     start-up figures from the GPU run: within 5 %, and a refusal where SGLang refused."""
-    import yaml
-
-    settings = yaml.safe_load((REPO / "group_vars" / "sglang_servers.yml").read_text())["inference_server_settings"]
+    # Each setting is a variable of its own: the group's others stay.
     extra = json.dumps(
-        {"inference_server_settings": settings | case["settings"], "h200_realsize_overrides": case["overrides"]}
+        {
+            **{setting_variable(key): value for key, value in case["settings"].items()},
+            "h200_realsize_overrides": case["overrides"],
+        }
     )
     env = dict(os.environ, DEPLOY_CACHE_DIR=str(REPO / ".cache"))
     done = subprocess.run(

@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from launch_plan_cases import REPO
+from launch_plan_cases import REPO, profile_settings
 
 LOGGED = json.loads((REPO / "tests" / "launch_plan" / "fixtures" / "sglang_0517_realsize_h200_logged.json").read_text())
 CASES = {case["name"]: case for case in LOGGED["cases"]}
@@ -83,7 +83,7 @@ def plan_kwargs(case: dict[str, Any], ct129: dict[str, Any], **settings: Any) ->
         "port": group["inference_server_port"],
         "gpus": [LOGGED["gpu"]],
         "weights_bytes": LOGGED["weights_bytes"],
-        "settings": {**group["inference_server_settings"], **case["settings"], **settings},
+        "settings": {**profile_settings(group), **case["settings"], **settings},
         "overrides": {**REALSIZE_OVERRIDES, **launched_fraction, **case["overrides"]},
         "cache_dir": "/var/cache/inference-server",
     }
@@ -207,7 +207,7 @@ def test_a_cap_below_the_target_is_refused(launch_plan, qwen_config, ct129, name
     with pytest.raises(launch_plan.PlanError) as err:
         launch_plan.build_plan(qwen_config, **kwargs)
     message = str(err.value)
-    assert message.startswith(f"inference_server_settings.target_concurrency is {target}, but the memory budget")
+    assert message.startswith(f"inference_server_target_concurrency is {target}, but the memory budget")
     assert (
         f"holds only {case['max_running']} running requests ({case['mamba_slots']} mamba slots at 5 per request), "
         "to which SGLang 0.5.17 would cap them at start-up instead of refusing to start: "
@@ -219,11 +219,12 @@ def test_the_capped_refusal_word_for_word(launch_plan, qwen_config, ct129):
     with pytest.raises(launch_plan.PlanError) as err:
         launch_plan.build_plan(qwen_config, **plan_kwargs(CASES["capped_0.45"], ct129))
     assert str(err.value) == (
-        "inference_server_settings.target_concurrency is 4, but the memory budget per GPU (--mem-fraction-static "
+        "inference_server_target_concurrency is 4, but the memory budget per GPU (--mem-fraction-static "
         "0.45 (inference_server_overrides['--mem-fraction-static']), --max-running-requests 8 "
         "(inference_server_overrides['--max-running-requests'])) holds only 1 running requests (6 mamba slots at 5 "
         "per request), to which SGLang 0.5.17 would cap them at start-up instead of refusing to start: lower "
-        "target_concurrency to 1 or raise inference_server_overrides['--mem-fraction-static'] to at least 0.502."
+        "inference_server_target_concurrency to 1 or raise inference_server_overrides['--mem-fraction-static'] to "
+        "at least 0.502."
     )
 
 

@@ -115,7 +115,7 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
     "no-drafter": (
         None,
         {"draft_path": None, "draft_config": None},
-        "inference_server_settings.speculative_algorithm is DFLASH, which drafts with a separate model, but no "
+        "inference_server_speculative_algorithm is DFLASH, which drafts with a separate model, but no "
         "drafter is synced: set model_sync_draft_source and model_sync_draft_name to the drafter, or choose NEXTN "
         "(the model's own MTP head) or null.",
     ),
@@ -129,7 +129,7 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
     "not-a-dflash-drafter": (
         _set("architectures", ["Qwen3ForCausalLM"]),
         {},
-        "inference_server_settings.speculative_algorithm is DFLASH, but the drafter of model_sync_draft_source has "
+        "inference_server_speculative_algorithm is DFLASH, but the drafter of model_sync_draft_source has "
         "the architecture Qwen3ForCausalLM, not DFlashDraftModel: point model_sync_draft_source at a DFlash "
         "drafter, or choose the algorithm the drafter was trained for (EAGLE, EAGLE3).",
     ),
@@ -143,7 +143,7 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
     "draft-tokens-differ-from-block-size": (
         None,
         {"settings_change": {"speculative_num_draft_tokens": 8}},
-        "inference_server_settings.speculative_num_draft_tokens sets --speculative-num-draft-tokens to 8, but the "
+        "inference_server_speculative_num_draft_tokens sets --speculative-num-draft-tokens to 8, but the "
         "DFlash drafter verifies blocks of 16 tokens (block_size in its config.json): remove it or set it to 16.",
     ),
     "block-size-override-differs": (
@@ -156,7 +156,7 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
     "steps-other-than-one": (
         None,
         {"settings_change": {"speculative_num_steps": 3}},
-        "inference_server_settings.speculative_num_steps sets --speculative-num-steps to 3, but DFLASH drafts a "
+        "inference_server_speculative_num_steps sets --speculative-num-steps to 3, but DFLASH drafts a "
         "whole block in one step with top-k 1 and SGLang 0.5.11 would silently change it to 1: remove it or set it "
         "to 1.",
     ),
@@ -177,7 +177,7 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
     "heads-not-divisible-by-tp": (
         _set("num_attention_heads", 15),
         {},
-        "inference_server_settings.tensor_parallel_size is 2, which does not divide the DFlash drafter's 15 "
+        "inference_server_tensor_parallel_size is 2, which does not divide the DFlash drafter's 15 "
         "attention heads (num_attention_heads): set the tensor-parallel size to one that divides both the target's "
         "and the drafter's heads.",
     ),
@@ -185,7 +185,8 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
         None,
         {"overrides": {"--enable-dp-attention": True}},
         "inference_server_overrides['--enable-dp-attention'] enables DP attention, which SGLang 0.5.11 refuses with "
-        "DFLASH speculative decoding: remove it, or choose another speculative_algorithm.",
+        "DFLASH speculative decoding: remove it, or set inference_server_speculative_algorithm to another "
+        "algorithm.",
     ),
     "pipeline-parallel": (
         None,
@@ -204,8 +205,8 @@ DRAFT_REFUSALS: dict[str, tuple[Any, dict[str, Any], str]] = {
         {"overrides": {"--disable-radix-cache": True}},
         "inference_server_overrides['--disable-radix-cache'] disables the radix cache, which SGLang refuses "
         "together with --mamba-scheduler-strategy extra_buffer, set by the plan (derived from "
-        "inference_server_settings.speculative_algorithm): set disable_radix_cache: true in "
-        "inference_server_settings instead, so the plan keeps no_buffer.",
+        "inference_server_speculative_algorithm): set inference_server_disable_radix_cache to true instead, so "
+        "the plan keeps no_buffer.",
     ),
 }
 

@@ -12,10 +12,6 @@ check before it runs, including the model-specific ones that read config.json.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +24,9 @@ from launch_plan_cases import (
     QWEN_CONFIG,
     REPO,
     cache_dir,
+    setting_variables,
 )
+from role_files import run_role_tasks
 
 SGLANG_RADIX_ERROR = (
     "Speculative decoding for Qwen3_5ForConditionalGeneration is not compatible with radix cache when using "
@@ -361,46 +359,6 @@ def test_transformers_check_refuses_an_unknown_model_type(transformers_venv, run
 # --------------------------------------------------------------------------------------
 
 
-def run_role_tasks(
-    tmp_path: Path, facts: dict[str, Any], tasks_from: list[str], check_mode: bool = True
-) -> subprocess.CompletedProcess:
-    """Run role task files on this machine (connection local) with ``facts`` as extra vars."""
-    tasks = "\n".join(
-        f"""    - name: Run inference_server {name}
-      ansible.builtin.include_role:
-        name: inference_server
-        tasks_from: {name}"""
-        for name in tasks_from
-    )
-    playbook = tmp_path / "play.yml"
-    playbook.write_text(
-        textwrap.dedent("""\
-        - name: Exercise the launch plan tasks
-          hosts: localhost
-          gather_facts: false
-          tasks:
-        """)
-        + tasks
-        + "\n"
-    )
-    (tmp_path / "facts.json").write_text(json.dumps(facts))
-    env = {
-        **os.environ,
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-        "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_LOCALHOST_WARNING": "False",
-        "ANSIBLE_DEPRECATION_WARNINGS": "False",
-        "DEPLOY_CACHE_DIR": str(cache_dir()),
-        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-    }
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
-    return subprocess.run(
-        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
-    )
-
-
 @pytest.fixture()
 def role_facts(sglang_check_venv, model_dir, ct129) -> dict[str, Any]:
     offline = ct129["offline"]
@@ -415,7 +373,7 @@ def role_facts(sglang_check_venv, model_dir, ct129) -> dict[str, Any]:
         "inference_server_engine": group["inference_server_engine"],
         "inference_server_host": "127.0.0.1",
         "inference_server_port": group["inference_server_port"],
-        "inference_server_settings": group["inference_server_settings"],
+        **setting_variables(group),
         "inference_server_overrides": {},
         "inference_server_cache_dir": str(cache_dir() / "jit"),
         "inference_server_check_requires_gpu": False,

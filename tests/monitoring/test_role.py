@@ -34,7 +34,7 @@ def run_role(
                             "inference_server_host": "0.0.0.0",
                             "inference_server_allowed_sources": sources if sources is not None else ["any"],
                             "inference_server_api_key": KEY,
-                            "inference_server_settings": {"enable_metrics": True},
+                            "inference_server_enable_metrics": True,
                         }
                     }
                 },
@@ -128,9 +128,9 @@ def test_a_target_whose_allow_list_keeps_prometheus_out_is_refused(tmp_path):
 
 
 def test_an_sglang_server_without_metrics_is_refused(tmp_path):
-    proc = run_role(tmp_path, {"inference_server_settings": {"enable_metrics": False}})
+    proc = run_role(tmp_path, {"inference_server_enable_metrics": False})
     assert proc.returncode != 0
-    assert "gpu-a01 run(s) SGLang without /metrics: set inference_server_settings.enable_metrics" in proc.stdout
+    assert "gpu-a01 run(s) SGLang without /metrics: set inference_server_enable_metrics" in proc.stdout
 
 
 def test_a_server_on_loopback_and_a_gateway_metrics_on_loopback_are_refused(tmp_path):

@@ -20,6 +20,8 @@ BIN = Path(sys.executable).parent
 SECRET = "not-a-real-secret-0f6c2a9e"  # a value that must never be printed
 
 cs = import_file(ROLE / "library" / "converged_state.py")
+# The roles whose inputs a deploy fingerprints (converged_roles).
+CONVERGED_ROLES = yaml.safe_load((ROLE / "defaults/main.yml").read_text())["converged_roles"]
 
 
 @pytest.fixture
@@ -273,16 +275,19 @@ def test_the_last_known_good_record_is_kept_and_put_back_after_a_failed_deploy(h
 # ------------------------------------------------------------------ the controller's fingerprint
 
 
-def fingerprint(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]:
+def fingerprint(tmp_path: Path, variables: dict, *args: str, roles_dir: Path | None = None) -> tuple[dict, str]:
     """Run the converged_fingerprint action on a role of tmp_path; returns its parts and the output."""
-    result, output = fingerprint_result(tmp_path, variables, *args)
+    result, output = fingerprint_result(tmp_path, variables, *args, roles_dir=roles_dir)
     return result["fingerprint"], output
 
 
-def fingerprint_result(tmp_path: Path, variables: dict, *args: str) -> tuple[dict, str]:
-    """Run the converged_fingerprint action on a role of tmp_path; returns its result and the output."""
+def fingerprint_result(tmp_path: Path, variables: dict, *args: str, roles_dir: Path | None = None) -> tuple[dict, str]:
+    """Run the converged_fingerprint action on role r of tmp_path, or on the roles of ``roles_dir``
+    that converged_roles names; returns its result and the output."""
+    roles = CONVERGED_ROLES if roles_dir else ["r"]
+    roles_dir = roles_dir or tmp_path / "roles"
     role = tmp_path / "roles/r"
-    if not role.exists():
+    if roles == ["r"] and not role.exists():
         (role / "meta").mkdir(parents=True)
         (role / "tasks").mkdir()
         (role / "tasks/main.yml").write_text("---\n- ansible.builtin.debug: {msg: hi}\n")
@@ -307,7 +312,7 @@ def fingerprint_result(tmp_path: Path, variables: dict, *args: str) -> tuple[dic
     # fmt: off
     play = [{"hosts": "localhost", "gather_facts": False, "tasks": [
         {"name": "Fingerprint", "converged_fingerprint": {
-            "roles_dir": str(tmp_path / "roles"), "roles": ["r"], "ignore_vars": ["r_keep"],
+            "roles_dir": str(roles_dir), "roles": roles, "ignore_vars": ["r_keep"],
             "paths": [str(tmp_path / "big.bin"), str(tmp_path / "no-such-path")], "facts": {"gpus": []}},
          "register": "fp"},
         {"name": "Show", "ansible.builtin.debug": {"var": "fp"}}]}]
@@ -361,6 +366,14 @@ def test_the_fingerprint_follows_documented_variables_role_files_and_controller_
     assert changed_parts(first, after_edit) == ["files of role r"]
     os.utime(tmp_path / "big.bin", ns=(1, 1))
     assert changed_parts(after_edit, fingerprint(tmp_path, BASE)[0]) == ["controller path " + str(tmp_path / "big.bin")]
+
+
+def test_a_launch_setting_turned_alone_changes_the_servers_inputs(tmp_path):
+    """Each launch setting is a documented variable of inference_server (issue 45): one turned alone
+    (-e, host_vars) changes that role's variables part, so the deploy leaves the fast path for it."""
+    before, _ = fingerprint(tmp_path, {"inference_server_target_concurrency": 4}, roles_dir=ROOT / "roles")
+    after, _ = fingerprint(tmp_path, {"inference_server_target_concurrency": 8}, roles_dir=ROOT / "roles")
+    assert changed_parts(before, after) == ["variables of role inference_server"]
 
 
 def test_a_variable_that_cannot_be_resolved_yet_is_an_input_that_is_stable(tmp_path):

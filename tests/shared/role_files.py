@@ -1,4 +1,5 @@
-"""Import a Python file that is no installed module (a role's module, helper or launcher, a filter) by its path.
+"""Use a role's files from a test: import a Python file that is no installed module (a role's module,
+helper or launcher, a filter) by its path, or run a role's task files with ansible-playbook on localhost.
 
 Roles are no packages and their files are not installed on the controller, so a test imports
 them from where they are, without putting their folder on ``sys.path``.
@@ -7,8 +8,16 @@ them from where they are, without putting their folder on ``sys.path``.
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def import_file(path: Path, name: str = "") -> ModuleType:
@@ -19,3 +28,48 @@ def import_file(path: Path, name: str = "") -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_role_tasks(
+    tmp_path: Path,
+    variables: dict[str, Any],
+    tasks_from: list[str],
+    check_mode: bool = True,
+    role: str = "inference_server",
+) -> subprocess.CompletedProcess:
+    """Run ``role``'s task files ``tasks_from`` in turn on this machine (connection local, modules run by
+    this test's Python) with ``variables`` as extra vars; the repository's ansible.cfg, roles and filters."""
+    tasks = "\n".join(
+        f"""    - name: Run {role} {name}
+      ansible.builtin.include_role:
+        name: {role}
+        tasks_from: {name}"""
+        for name in tasks_from
+    )
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        textwrap.dedent("""\
+        - name: Exercise the role's tasks
+          hosts: localhost
+          gather_facts: false
+          tasks:
+        """)
+        + tasks
+        + "\n"
+    )
+    (tmp_path / "facts.json").write_text(json.dumps(variables))
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+        "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "DEPLOY_CACHE_DIR": os.environ.get("DEPLOY_CACHE_DIR") or str(REPO / ".cache"),
+        "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+    }
+    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
+    return subprocess.run(
+        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
+    )

@@ -5,8 +5,8 @@
 Runs playbooks/launch-plan.yml, which includes the inference_server role's own plan.yml
 (the code path of a deploy) with the facts a deploy would read from the host taken from
 host_vars/<HOST>.yml's ``offline_plan`` and from the repository. Prints the argv and the
-environment as JSON, then the notes. ``-e`` passes extra variables to try a change
-(``-e '{"inference_server_settings": {"tensor_parallel_size": 1}}'``); ``--json`` prints
+environment as JSON, then the notes. ``-e`` passes extra variables to try a change, one launch
+setting alone (``-e inference_server_target_concurrency=6``: the profile's others stay); ``--json`` prints
 the whole result as one JSON object.
 
 ``--engine-version VERSION`` plans a candidate engine beside the one the host runs: the plan is

@@ -100,20 +100,20 @@ refuses each before ml_env would build the SGLang venv.
 
 # Bad DFlash drafters: refused by the launch plan offline (precheck, before anything changes
 # on the host), one sentence each. Hand-written, not scenario results: ct129's plan with
-# speculative_algorithm DFLASH and files/models/dflash-drafter-27b.config.json changed as the
+# inference_server_speculative_algorithm DFLASH and files/models/dflash-drafter-27b.config.json changed as the
 # "how" says; tests/launch_plan/test_launch_plan_draft.py checks every message against the plan.
 DRAFTER_ROWS: list[dict[str, str]] = [
     {
         "case": "no drafter synced",
-        "how": "`speculative_algorithm: DFLASH`, no `model_sync_draft_source`",
-        "message": "inference_server_settings.speculative_algorithm is DFLASH, which drafts with a separate model, but "
+        "how": "`inference_server_speculative_algorithm: DFLASH`, no `model_sync_draft_source`",
+        "message": "inference_server_speculative_algorithm is DFLASH, which drafts with a separate model, but "
         "no drafter is synced: set model_sync_draft_source and model_sync_draft_name to the drafter, or "
         "choose NEXTN (the model's own MTP head) or null.",
     },
     {
         "case": "not a DFlash drafter",
         "how": "drafter `architectures: [Qwen3ForCausalLM]`",
-        "message": "inference_server_settings.speculative_algorithm is DFLASH, but the drafter of "
+        "message": "inference_server_speculative_algorithm is DFLASH, but the drafter of "
         "model_sync_draft_source has the architecture Qwen3ForCausalLM, not DFlashDraftModel: point "
         "model_sync_draft_source at a DFlash drafter, or choose the algorithm the drafter was trained for "
         "(EAGLE, EAGLE3).",
@@ -127,8 +127,8 @@ DRAFTER_ROWS: list[dict[str, str]] = [
     },
     {
         "case": "draft tokens differ from the block size",
-        "how": "`speculative_num_draft_tokens: 8` (block 16)",
-        "message": "inference_server_settings.speculative_num_draft_tokens sets --speculative-num-draft-tokens to 8, "
+        "how": "`inference_server_speculative_num_draft_tokens: 8` (block 16)",
+        "message": "inference_server_speculative_num_draft_tokens sets --speculative-num-draft-tokens to 8, "
         "but the DFlash drafter verifies blocks of 16 tokens (block_size in its config.json): remove it or "
         "set it to 16.",
     },
@@ -149,7 +149,7 @@ DRAFTER_ROWS: list[dict[str, str]] = [
     {
         "case": "drafter heads and TP",
         "how": "drafter `num_attention_heads: 15`, TP 2",
-        "message": "inference_server_settings.tensor_parallel_size is 2, which does not divide the DFlash drafter's "
+        "message": "inference_server_tensor_parallel_size is 2, which does not divide the DFlash drafter's "
         "15 attention heads (num_attention_heads): set the tensor-parallel size to one that divides both "
         "the target's and the drafter's heads.",
     },
@@ -157,7 +157,8 @@ DRAFTER_ROWS: list[dict[str, str]] = [
         "case": "DP attention",
         "how": "`inference_server_overrides: {--enable-dp-attention: true}`",
         "message": "inference_server_overrides['--enable-dp-attention'] enables DP attention, which SGLang 0.5.11 "
-        "refuses with DFLASH speculative decoding: remove it, or choose another speculative_algorithm.",
+        "refuses with DFLASH speculative decoding: remove it, or set inference_server_speculative_algorithm to "
+        "another algorithm.",
     },
     {
         "case": "pipeline parallel",
@@ -170,7 +171,7 @@ DRAFTER_ROWS: list[dict[str, str]] = [
 DRAFTERS = """\
 ### Bad drafters (DFLASH), refused offline
 
-Hand-written rows, not scenario results: ct129's plan with `speculative_algorithm: DFLASH`
+Hand-written rows, not scenario results: ct129's plan with `inference_server_speculative_algorithm: DFLASH`
 and the drafter config `files/models/dflash-drafter-27b.config.json` (one SGLang 0.5.11 served
 beside Qwen3.6-27B's real config) changed as *how* says. The launch plan refuses each in
 `inference_server/tasks/precheck.yml`, before anything changes on the host (a drafter whose
@@ -196,12 +197,12 @@ offline facts (2x RTX A6000 48 GB, 51.75 GiB of weights), and `tools/launch-plan
 
 | case | how it was tried | the exact message | refused by |
 | --- | --- | --- | --- |
-| SGLang's unset `--max-running-requests` (48 with speculative decoding) on ct129 | `tools/launch-plan ct129 -e '{"inference_server_overrides": {"--max-running-requests": 48}}'` | `the memory budget per GPU cannot start SGLang: with --mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), the weights (25.5 GiB) leave 7.9 GiB of the 33.5 GiB static pools, and the speculative verify buffers for 48 requests (13.8 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): lower inference_server_overrides['--max-running-requests'] to 7 or raise mem_fraction_static to at least 0.907.` | inference_server : Refuse the launch plan with its own sentence |
-| the same on one H200, as SGLang refused it there (tests/launch_plan/fixtures/sglang_realsize_h200_logged.json) | `tools/launch-plan h200-realsize -i inventory/gpu-realsize.yml -e '{"h200_realsize_overrides": {"--mem-fraction-static": 0.45, "--max-running-requests": 48}}'` | `the memory budget per GPU cannot start SGLang: with --mem-fraction-static 0.45 (inference_server_overrides['--mem-fraction-static']) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), the weights (51.0 GiB) leave 11.6 GiB of the 62.6 GiB static pools, and the speculative verify buffers for 48 requests (27.5 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): lower inference_server_overrides['--max-running-requests'] to 5 or raise mem_fraction_static to at least 0.609.` | inference_server : Refuse the launch plan with its own sentence |
-| more running requests wanted than the budget holds | ct129 with `target_concurrency: 8` | `inference_server_settings.target_concurrency is 8, but the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 8 (the plan: inference_server_settings.target_concurrency)) holds only 7 running requests (37 mamba slots at 5 per request): lower target_concurrency to 7 or raise mem_fraction_static to at least 0.726.` | inference_server : Refuse the launch plan with its own sentence |
-| a fraction that leaves the MTP draft no room | ct129 with `mem_fraction_static: 0.95` | `--mem-fraction-static 0.95 (inference_server_settings.mem_fraction_static) leaves 2.0 GiB per GPU beside SGLang's pools, but the MTP draft (2.8 GiB while it loads), its KV cache (0.6 GiB) and SGLang's activation and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower mem_fraction_static to at most 0.78.` | inference_server : Refuse the launch plan with its own sentence |
-| a context longer than the KV cache | ct129 with `inference_server_overrides: {--context-length: 200000}` | `inference_server_overrides['--context-length'] is 200000, but the memory budget's KV cache holds 119495 tokens per GPU, so SGLang would cut every request at 119494: lower it to at most 118784 or leave it unset so the plan sets it.` | inference_server : Refuse the launch plan with its own sentence |
-| a KV cache shorter than the least context | ct129 with `min_context_length: 131072` | `the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 4 (the plan: inference_server_settings.target_concurrency)) leaves a KV cache of 119495 tokens, less than inference_server_settings.min_context_length 131072: lower target_concurrency to 1 or raise mem_fraction_static to at least 0.733 or lower min_context_length.` | inference_server : Refuse the launch plan with its own sentence |
+| SGLang's unset `--max-running-requests` (48 with speculative decoding) on ct129 | `tools/launch-plan ct129 -e '{"inference_server_overrides": {"--max-running-requests": 48}}'` | `the memory budget per GPU cannot start SGLang: with --mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), the weights (25.5 GiB) leave 7.9 GiB of the 33.5 GiB static pools, and the speculative verify buffers for 48 requests (13.8 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): lower inference_server_overrides['--max-running-requests'] to 7 or raise inference_server_mem_fraction_static to at least 0.907.` | inference_server : Refuse the launch plan with its own sentence |
+| the same on one H200, as SGLang refused it there (tests/launch_plan/fixtures/sglang_realsize_h200_logged.json) | `tools/launch-plan h200-realsize -i inventory/gpu-realsize.yml -e '{"h200_realsize_overrides": {"--mem-fraction-static": 0.45, "--max-running-requests": 48}}'` | `the memory budget per GPU cannot start SGLang: with --mem-fraction-static 0.45 (inference_server_overrides['--mem-fraction-static']) and --max-running-requests 48 (inference_server_overrides['--max-running-requests']), the weights (51.0 GiB) leave 11.6 GiB of the 62.6 GiB static pools, and the speculative verify buffers for 48 requests (27.5 GiB) leave no room for the KV cache (SGLang stops with 'RuntimeError: Not enough memory'): lower inference_server_overrides['--max-running-requests'] to 5 or raise inference_server_overrides['--mem-fraction-static'] to at least 0.609.` | inference_server : Refuse the launch plan with its own sentence |
+| more running requests wanted than the budget holds | `tools/launch-plan ct129 -e inference_server_target_concurrency=8` | `inference_server_target_concurrency is 8, but the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 8 (the plan: inference_server_target_concurrency)) holds only 7 running requests (37 mamba slots at 5 per request): lower inference_server_target_concurrency to 7 or raise inference_server_mem_fraction_static to at least 0.726.` | inference_server : Refuse the launch plan with its own sentence |
+| a fraction that leaves the MTP draft no room | `tools/launch-plan ct129 -e inference_server_mem_fraction_static=0.95` | `--mem-fraction-static 0.95 (inference_server_mem_fraction_static) leaves 2.0 GiB per GPU beside SGLang's pools, but the MTP draft (2.8 GiB while it loads), its KV cache (0.6 GiB) and SGLang's activation and CUDA-graph estimate (6.8 GiB) need 10.2 GiB: lower inference_server_mem_fraction_static to at most 0.78.` | inference_server : Refuse the launch plan with its own sentence |
+| a context longer than the KV cache | `tools/launch-plan ct129 -e '{"inference_server_overrides": {"--context-length": 200000}}'` | `inference_server_overrides['--context-length'] is 200000, but the memory budget's KV cache holds 119495 tokens per GPU, so SGLang would cut every request at 119494: lower it to at most 118784 or leave it unset so the plan sets it.` | inference_server : Refuse the launch plan with its own sentence |
+| a KV cache shorter than the least context | `tools/launch-plan ct129 -e inference_server_min_context_length=131072` | `the memory budget per GPU (--mem-fraction-static 0.717 (the plan: SGLang's own default for this GPU), --max-running-requests 4 (the plan: inference_server_target_concurrency)) leaves a KV cache of 119495 tokens, less than inference_server_min_context_length 131072: lower inference_server_target_concurrency to 1 or raise inference_server_mem_fraction_static to at least 0.733 or lower inference_server_min_context_length.` | inference_server : Refuse the launch plan with its own sentence |
 
 """
 
@@ -472,7 +473,7 @@ ADOPTION = """\
 Hand-written, not generated from the reliability scenario's results: these rows were tried by
 `molecule test -s adopt` (`molecule/adopt`, a container of ct129 as the origin story left it:
 venv by hand at `/root/ml-env`, model in `/root/models/tiny-qwen3.5`, `transformers serve`
-started with nohup as root on port 30000) and are asserted by its `tests/test_adopt.py`;
+started with nohup as root on port 30000) and are asserted by `molecule/adopt/tests/test_adopt.py`;
 README "Adopting a host that runs by hand" describes the design.
 
 | case | how it was tried | what happened | what the host did |

@@ -30,16 +30,6 @@ QWEN = REPO / "files" / "models" / "qwen3.6-27b.config.json"
 HUB_PORT = 8098
 SQUAT_PORT = 8001
 REVISION = "0123456789abcdef0123456789abcdef01234567"
-# The SGLang profile's settings (group_vars/sglang_servers.yml), for cases that change one of them.
-SGLANG_SETTINGS = {
-    "tensor_parallel_size": 2,
-    "dtype": "bfloat16",
-    "trust_remote_code": True,
-    "speculative_algorithm": "NEXTN",
-    "speculative_num_steps": 3,
-    "speculative_eagle_topk": 1,
-    "speculative_num_draft_tokens": 4,
-}
 
 
 def fake_gpus(count: int) -> Callable[[], None]:
@@ -152,21 +142,22 @@ def cases(work: Path) -> list[Case]:
              r"--mem-fraction-static\? write flags in full\): fix or remove it\.",
              extra={**gpu_vars, "inference_server_overrides": {"--mem-frac": 0.8}}, limit="rel-gpu"),
         Case("tp-heads", "tensor-parallel size not dividing the heads",
-             "`rel-gpu` with 4 stand-in GPUs, `tensor_parallel_size: 3`",
-             r"inference_server_settings\.tensor_parallel_size is 3, which does not divide the model's 16 "
+             "`rel-gpu` with 4 stand-in GPUs, `inference_server_tensor_parallel_size: 3`",
+             r"inference_server_tensor_parallel_size is 3, which does not divide the model's 16 "
              r"linear-attention key heads \(linear_num_key_heads\): set it to 1, 2 or 4\.",
-             extra={**gpu_vars, "inference_server_settings": {**SGLANG_SETTINGS, "tensor_parallel_size": 3}},
+             extra={**gpu_vars, "inference_server_tensor_parallel_size": 3},
              limit="rel-gpu", setup=fake_gpus(4), teardown=no_gpus),
         Case("too-many-gpus", "more GPUs asked than present",
-             "`rel-gpu` with 2 stand-in GPUs (as ct129), `tensor_parallel_size: 4`",
-             r"inference_server_settings\.tensor_parallel_size is 4, but the host has 2 GPU\(s\): set it to 1 or 2\.",
-             extra={**gpu_vars, "inference_server_settings": {**SGLANG_SETTINGS, "tensor_parallel_size": 4}},
+             "`rel-gpu` with 2 stand-in GPUs (as ct129), `inference_server_tensor_parallel_size: 4`",
+             r"inference_server_tensor_parallel_size is 4, but the host has 2 GPU\(s\): set it to 1 or 2\.",
+             extra={**gpu_vars, "inference_server_tensor_parallel_size": 4},
              limit="rel-gpu", setup=fake_gpus(2), teardown=no_gpus),
         Case("nextn-no-mtp", "NEXTN on a model without an MTP head",
              "`rel-gpu` with 2 stand-in GPUs; Qwen3.6-27B's config.json with `mtp_num_hidden_layers: 0`",
-             r"inference_server_settings\.speculative_algorithm is NEXTN, which drafts with the model's own MTP "
+             r"inference_server_speculative_algorithm is NEXTN, which drafts with the model's own MTP "
              r"head, but Qwen3_5ForConditionalGeneration has mtp_num_hidden_layers 0 in config\.json: set "
-             r"speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in model_sync_draft_source\.",
+             r"inference_server_speculative_algorithm to null, or to EAGLE or DFLASH with a drafter in "
+             r"model_sync_draft_source\.",
              extra={**gpu_vars, "model_sync_source": {"type": "host_path", "path": "/srv/models/no-mtp"}},
              limit="rel-gpu", setup=fake_gpus(2), teardown=no_gpus),
         Case("radix-extra-buffer", "`--disable-radix-cache` with extra_buffer",
@@ -174,8 +165,8 @@ def cases(work: Path) -> list[Case]:
              "(the plan derives extra_buffer for NEXTN on the hybrid model)",
              r"inference_server_overrides\['--disable-radix-cache'\] disables the radix cache, which SGLang refuses "
              r"together with --mamba-scheduler-strategy extra_buffer, set by the plan \(derived from "
-             r"inference_server_settings\.speculative_algorithm\): set disable_radix_cache: true in "
-             r"inference_server_settings instead, so the plan keeps no_buffer\.",
+             r"inference_server_speculative_algorithm\): set inference_server_disable_radix_cache to true "
+             r"instead, so the plan keeps no_buffer\.",
              extra={**gpu_vars, "inference_server_overrides": {"--disable-radix-cache": True}},
              limit="rel-gpu", setup=fake_gpus(2), teardown=no_gpus),
         Case("missing-shard", "a shard missing from the model",
@@ -198,7 +189,7 @@ def cases(work: Path) -> list[Case]:
              extra={"model_sync_source": {"type": "controller_dir", "path": str(work / "tiny-bigger")},
                     "model_sync_disk_reserve_mib": 1024 ** 3}),
         Case("late-engine-check", "a value only the engine's own check can refuse, after a new model revision",
-             "`inference_server_settings: {device: cuda}` on a CPU host, in the same run as a new revision of the "
+             "`inference_server_device: cuda` on a CPU host, in the same run as a new revision of the "
              "tiny model (plus a 16 MiB file): ml_env and model_sync run, then the check in the venv refuses",
              r"Deploy step 'Stop the play with the engine's own message when it refuses the plan' failed on "
              r"rel-molecule: The transformers launch plan was refused by the engine's own check \(exit 1\): "
@@ -206,7 +197,7 @@ def cases(work: Path) -> list[Case]:
              r"secrets are the last-known-good ones \(venv /opt/ml-env\.d/[0-9a-f]{12}, model revision "
              r"[0-9a-f]{12}\), so the server was left running as it was\.",
              extra={"model_sync_source": {"type": "controller_dir", "path": str(work / "tiny-bigger")},
-                    "inference_server_settings": {"device": "cuda", "dtype": "auto"}},
+                    "inference_server_device": "cuda"},
              allow_changes=True),
         Case("gated-hub", "a gated Hub repo without a token",
              f"hub source Qwen/Qwen3.6-27B at a pinned commit, `model_sync_hub_endpoint` = a stand-in on "

@@ -34,6 +34,8 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from deploytools.launch_plan.common import setting_variable
+
 # The model's shapes and the budget's arithmetic, importable from here as callers use them.
 from deploytools.launch_plan.pools import (  # noqa: F401
     BEFORE_POOLS_0517_GIB,
@@ -114,7 +116,7 @@ def gpu_rules(
     smallest GPU's MiB for the budget (None when the weights' size is unknown)."""
     tp_flag = "--tensor-parallel-size"
     tp = flags.number(tp_flag)
-    tp_source = flags.source(tp_flag) if flags.has(tp_flag) else "inference_server_settings.tensor_parallel_size"
+    tp_source = flags.source(tp_flag) if flags.has(tp_flag) else setting_variable("tensor_parallel_size")
     if tp is None:
         tp = 1
     elif tp < 1:
@@ -180,7 +182,7 @@ def check_weights_fit(
         )
         raise PlanError(
             f"{tp_source} is {tp}, but the weights need {gib(per_gpu / GIB)} per GPU plus "
-            f"{gib(headroom / GIB)} headroom (inference_server_settings.gpu_memory_headroom_gib) "
+            f"{gib(headroom / GIB)} headroom ({setting_variable('gpu_memory_headroom_gib')}) "
             f"and each GPU has {gib(gpu_mem / GIB)}: {todo}."
         )
     frac = flags.number("--mem-fraction-static", float)
@@ -260,7 +262,7 @@ def plan_memory(
     target = settings.get("target_concurrency")
     min_context = settings.get("min_context_length") or DEFAULT_MIN_CONTEXT_LENGTH
     min_source = (
-        "inference_server_settings.min_context_length"
+        setting_variable("min_context_length")
         if settings.get("min_context_length")
         else "the plan's default min_context_length"
     )
@@ -270,7 +272,7 @@ def plan_memory(
         launch = dataclasses.replace(launch, mem_fraction_static=chosen)
     if launch.max_running_requests is None and "--max-running-requests" not in getattr(flags, "removed", {}):
         running = target
-        source = "the plan: inference_server_settings.target_concurrency"
+        source = f"the plan: {setting_variable('target_concurrency')}"
         if running is None and launch.speculative_algorithm is not None:
             running = largest_running(geo, launch, min_context) or largest_running(geo, launch, 1) or None
             source = "the plan: the most running requests the budget holds"
@@ -300,29 +302,29 @@ def _refuse(
     )
     running = f"--max-running-requests {budget.requested_running} ({running_src})"
 
-    def todo(running_key: str, fraction_key: str = "mem_fraction_static") -> str:
+    def todo(running_key: str) -> str:
         """What to change: fewer running requests (when some fit) or a larger fraction (when one does)."""
         best = largest_running(geo, launch, min_context)
         bounds = fraction_bounds(geo, launch, target or 1, min_context)
         options = [f"lower {running_key} to {best}"] if best else []
         options.append(
-            f"raise {fraction_key} to at least {bounds[0]}"
+            f"raise {fraction_variable(flags)} to at least {bounds[0]}"
             if bounds
-            else "raise tensor_parallel_size or use GPUs with more memory"
+            else f"raise {setting_variable('tensor_parallel_size')} or use GPUs with more memory"
         )
         return " or ".join(options)
 
     rules = budget_rules(budget.rules)
 
     key = (
-        "target_concurrency"
+        setting_variable("target_concurrency")
         if running_src.startswith("the plan")
         else running_src
         if flags.has("--max-running-requests")
-        else "inference_server_settings.max_running_requests"
+        else setting_variable("max_running_requests")
     )
     if not budget.starts and rules.draft_first:
-        raise PlanError(_cannot_start_loaded_first(budget, geo, frac, running, todo(key, fraction_variable(flags))))
+        raise PlanError(_cannot_start_loaded_first(budget, geo, frac, running, todo(key)))
     if not budget.starts:
         left = budget.static_gib - budget.weights_gib
         raise PlanError(
@@ -335,10 +337,11 @@ def _refuse(
         )
     if not budget.outside_fits:
         top = fraction_bounds(geo, launch, None, 1)
+        fraction = fraction_variable(flags)
         change = (
-            f"lower mem_fraction_static to at most {top[1]}"
+            f"lower {fraction} to at most {top[1]}"
             if top
-            else "lower mem_fraction_static or raise tensor_parallel_size"
+            else f"lower {fraction} or raise {setting_variable('tensor_parallel_size')}"
         )
         draft = (
             f"the MTP draft's KV cache ({gib(budget.draft_kv_gib)})"
@@ -353,18 +356,18 @@ def _refuse(
         )
     if target is not None and budget.max_running < target and capped_by_mamba(budget):
         raise PlanError(
-            f"inference_server_settings.target_concurrency is {target}, but the memory budget per GPU "
+            f"{setting_variable('target_concurrency')} is {target}, but the memory budget per GPU "
             f"({frac}, {running}) holds only {budget.max_running} running "
             f"requests ({budget.mamba_slots} mamba slots at {budget.slots_per_request} per request), to which "
             f"SGLang {rules.name} would cap them at start-up instead of refusing to start: "
-            f"{todo('target_concurrency', fraction_variable(flags))}."
+            f"{todo(setting_variable('target_concurrency'))}."
         )
     if target is not None and budget.max_running < target:
         raise PlanError(
-            f"inference_server_settings.target_concurrency is {target}, but the memory budget per GPU "
+            f"{setting_variable('target_concurrency')} is {target}, but the memory budget per GPU "
             f"({frac}, {running}) holds only {budget.max_running} running "
             f"requests ({budget.mamba_slots} mamba slots at {budget.slots_per_request} per request): "
-            f"{todo('target_concurrency')}."
+            f"{todo(setting_variable('target_concurrency'))}."
         )
     explicit_context = launch.context_length is not None
     if explicit_context and launch.context_length > budget.kv_tokens:
@@ -377,20 +380,20 @@ def _refuse(
     if explicit_context and launch.context_length < min_context:
         raise PlanError(
             f"{flags.source('--context-length')} is {launch.context_length}, less than {min_source} "
-            f"{min_context}: raise it or lower min_context_length."
+            f"{min_context}: raise it or lower {setting_variable('min_context_length')}."
         )
     if budget.kv_tokens < min_context:
         raise PlanError(
             f"the memory budget per GPU ({frac}, {running}) leaves a KV cache of {budget.kv_tokens} tokens, less "
-            f"than {min_source} {min_context}: {todo(key)} or lower min_context_length."
+            f"than {min_source} {min_context}: {todo(key)} or lower {setting_variable('min_context_length')}."
         )
 
 
 def fraction_variable(flags: Flags) -> str:
-    """The variable that sets --mem-fraction-static, as a refusal names it (the settings' key when
+    """The variable that sets --mem-fraction-static, as a refusal names it (the setting's variable when
     the plan chose the fraction itself)."""
     source = flags.source("--mem-fraction-static")
-    return source if source.startswith("inference_server_") else "inference_server_settings.mem_fraction_static"
+    return source if source.startswith("inference_server_") else setting_variable("mem_fraction_static")
 
 
 def capped_by_mamba(budget: Budget) -> bool:

@@ -2,7 +2,8 @@
 
 * the engine's flags as its own parser knows them (``flags/<engine>-<version>.json``,
   written by ``roles/inference_server/files/check-launch-args.py --dump-flags``);
-* ``inference_server_settings`` (engine-neutral knobs) and the flags they map to;
+* the settings (engine-neutral knobs, one role variable ``inference_server_<key>`` each) and the
+  flags they map to;
 * the flag set being planned, with the variable each flag came from (for messages that name it),
   ``inference_server_overrides`` applied to it, and its values checked against the table;
 * the environment: persistent caches and ``inference_server_environment`` merged in.
@@ -180,16 +181,33 @@ class PlanInput:
 # Settings (engine-neutral knobs) and how they map to flags
 # --------------------------------------------------------------------------------------
 
+# Each setting is a role variable of its own, ``inference_server_<key>`` (documented in
+# roles/inference_server/defaults/main.yml), so an operator turns one from -e, host_vars or
+# group_vars and keeps the others; the role composes them into the mapping the plan reads
+# (roles/inference_server/vars/main.yml, ``_inference_server_settings``).
+SETTING_PREFIX = "inference_server_"
+
+
+def setting_variable(key: str) -> str:
+    """The role variable an operator sets for ``key``, as refusals name it
+    (``tensor_parallel_size``: ``inference_server_tensor_parallel_size``)."""
+    return SETTING_PREFIX + key
+
 
 @dataclass(frozen=True)
 class Setting:
-    """One key of inference_server_settings."""
+    """One launch setting (the role variable ``inference_server_<key>``)."""
 
     key: str
     kind: str  # "int", "float", "bool", "str", "map"
     engines: tuple[str, ...]
     flag: dict[str, str] = field(default_factory=dict)  # engine -> flag (none: planner-only knob)
     positive: bool = True
+
+    @property
+    def variable(self) -> str:
+        """The role variable that sets it."""
+        return setting_variable(self.key)
 
 
 _BOTH = ("sglang", "transformers")
@@ -222,25 +240,49 @@ SETTINGS: tuple[Setting, ...] = (
 )
 SETTING_BY_KEY = {s.key: s for s in SETTINGS}
 
+# How ``-e name=value`` hands a value over: always as text, so '8', '0.8' and 'true' are read as
+# the setting's kind (JSON extra variables and YAML keep their types and need none of this).
+_TEXT_PATTERNS = {
+    "int": re.compile(r"[+-]?\d+"),
+    "float": re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"),
+}
+_TRUE_WORDS = ("true", "yes", "on", "1")
+_FALSE_WORDS = ("false", "no", "off", "0")
 
-def check_setting_types(engine: str, settings: Mapping[str, Any]) -> None:
-    """Refuse unknown keys, keys of the other engine, and values of the wrong type."""
+
+def _from_text(kind: str, value: Any) -> Any:
+    """A setting given as text (``-e inference_server_target_concurrency=8``) as its kind; any
+    other value, and text that is not of that kind, as it is (the type check names it)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if kind in _TEXT_PATTERNS and _TEXT_PATTERNS[kind].fullmatch(text):
+        return int(text) if kind == "int" else float(text)
+    if kind == "bool" and text.lower() in _TRUE_WORDS + _FALSE_WORDS:
+        return text.lower() in _TRUE_WORDS
+    return value
+
+
+def check_settings(engine: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings that are set (``null`` is unset), each of its kind; refuse unknown keys, keys of
+    the other engine and values of the wrong type, naming the role variable that set them."""
+    checked: dict[str, Any] = {}
     for key in sorted(settings):
-        value = settings[key]
         spec = SETTING_BY_KEY.get(key)
         if spec is None:
             known = ", ".join(s.key for s in SETTINGS if engine in s.engines)
             raise PlanError(
-                f"inference_server_settings has no key '{key}': use one of {known}, "
+                f"the launch plan has no setting '{key}': use one of {known} (each set as {SETTING_PREFIX}<setting>), "
                 "or pass the engine flag through inference_server_overrides."
             )
-        if engine not in spec.engines:
-            raise PlanError(
-                f"inference_server_settings.{key} does not apply to the {engine} engine: "
-                "remove it from this host's settings."
-            )
+        value = _from_text(spec.kind, settings[key])
         if value is None:
             continue
+        if engine not in spec.engines:
+            raise PlanError(
+                f"{spec.variable} does not apply to the {engine} engine: "
+                "remove it from this host's group_vars or host_vars."
+            )
         ok = {
             "int": isinstance(value, int) and not isinstance(value, bool) and (value > 0 or not spec.positive),
             "float": isinstance(value, (int, float))
@@ -263,9 +305,11 @@ def check_setting_types(engine: str, settings: Mapping[str, Any]) -> None:
             if key == "gpu_memory_headroom_gib":
                 expected = "a number of GiB (0 or more)"
             raise PlanError(
-                f"inference_server_settings.{key} is {value!r}, but it must be {expected}: "
+                f"{spec.variable} is {value!r}, but it must be {expected}: "
                 "correct it in the host's group_vars or host_vars."
             )
+        checked[key] = value
+    return checked
 
 
 # --------------------------------------------------------------------------------------
@@ -405,7 +449,7 @@ def apply_overrides(flags: FlagSet, overrides: Mapping[str, Any], pinned: Mappin
         if spec.name == CONFIG_FLAG and flags.table.engine == "sglang":
             raise PlanError(
                 f"{label}: the plan passes the API key file with {CONFIG_FLAG}, and SGLang takes only "
-                "one: remove it and give those flags through inference_server_settings or "
+                "one: remove it and give those flags through their inference_server_<setting> variables or "
                 "inference_server_overrides."
             )
         if spec.name in pinned:

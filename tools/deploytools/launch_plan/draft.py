@@ -120,7 +120,7 @@ def _dflash_rules(
     if flags.has("--enable-dp-attention"):
         raise error(
             f"{flags.source('--enable-dp-attention')} enables DP attention, which SGLang 0.5.11 refuses "
-            "with DFLASH speculative decoding: remove it, or choose another speculative_algorithm."
+            f"with DFLASH speculative decoding: remove it, or set {algo_source} to another algorithm."
         )
     pp_size = flags.number("--pipeline-parallel-size")
     if pp_size is not None and pp_size != 1:

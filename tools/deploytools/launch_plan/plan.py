@@ -10,10 +10,14 @@ variable to change, every combination the engine would refuse at start-up.
     {{ model_sync_config | launch_plan(engine='sglang', engine_version='0.5.11',
                                        venv_dir=..., model_path=..., host=..., port=...,
                                        gpus=preflight_gpus, weights_bytes=...,
-                                       settings=inference_server_settings,
+                                       settings=_inference_server_settings,
                                        overrides=inference_server_overrides,
                                        environment=inference_server_environment,
                                        cache_dir=inference_server_cache_dir) }}
+
+``settings`` maps each setting to its value (roles/inference_server/vars/main.yml composes it from
+the role variables ``inference_server_<setting>``, one a setting; ``null`` is unset); a refusal
+names the variable the operator set (``setting_variable``).
 
 ``env`` is the whole environment of the server: the derived variables (caches,
 ``SGLANG_ENABLE_SPEC_V2``, ...) with ``inference_server_environment`` merged in (``null``
@@ -41,8 +45,9 @@ from deploytools.launch_plan.common import (  # noqa: F401  (the names callers o
     SETTINGS,
     PlanError,
     PlanInput,
-    check_setting_types,
+    check_settings,
     load_flag_table,
+    setting_variable,
 )
 from deploytools.launch_plan.engines import engine_version as engine_version_facts
 from deploytools.launch_plan.model import model_facts
@@ -105,8 +110,8 @@ def build_plan(
         raise PlanError(f"inference_server_port is {port!r}: use a TCP port between 1 and 65535.")
     if not isinstance(settings or {}, Mapping):
         raise PlanError(
-            "inference_server_settings must be a mapping of setting names to values: "
-            "see docs/launch-plan.md for the keys."
+            "the launch plan's settings must be a mapping of setting names to values, each set as its "
+            "inference_server_<setting> variable: see docs/launch-plan.md for the settings."
         )
     if not isinstance(overrides or {}, Mapping):
         raise PlanError(
@@ -115,8 +120,7 @@ def build_plan(
         )
     if not isinstance(environment or {}, Mapping):
         raise PlanError("inference_server_environment must be a mapping of variable names to values.")
-    settings = dict(settings or {})
-    check_setting_types(engine, settings)
+    settings = check_settings(engine, settings or {})
     if weights_bytes is not None:
         try:
             weights_bytes = int(weights_bytes)
@@ -155,7 +159,7 @@ def build_plan(
     origins = {
         "the model's config.json": model_config,
         "the drafter's config.json": draft_config or {},
-        "inference_server_settings": settings,
+        **{setting_variable(key): value for key, value in settings.items()},
         "inference_server_overrides": overrides or {},
         "inference_server_environment": environment or {},
     }

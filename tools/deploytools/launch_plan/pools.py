@@ -61,7 +61,7 @@ CUDA_CONTEXT_0517_GIB = 2.82
 # what ``_profile_available_bytes`` saw (80.90 GB: total_rest_memory=-0.27 GB at
 # --mem-fraction-static 0.41, squeezed_0.41_48, is 80.90 - 0.59 x 137.58).
 BEFORE_POOLS_0517_GIB = 0.10
-# What the plan leaves as the longest context when inference_server_settings.min_context_length
+# What the plan leaves as the longest context when inference_server_min_context_length
 # is unset, and the granularity of the --context-length it sets.
 DEFAULT_MIN_CONTEXT_LENGTH = 32768
 CONTEXT_STEP = 1024

@@ -37,13 +37,13 @@ def plan_transformers(facts: ModelFacts, given: common.PlanInput) -> dict[str, A
     flags.set(
         "--device",
         given.settings.get("device") or "cpu",
-        "inference_server_settings.device" if given.settings.get("device") else "the plan (default cpu)",
+        common.setting_variable("device") if given.settings.get("device") else "the plan (default cpu)",
     )
     for spec in common.SETTINGS:
         flag = spec.flag.get("transformers")
         value = given.settings.get(spec.key)
         if flag and spec.key != "device" and value is not None and value is not False:
-            flags.set(flag, value, f"inference_server_settings.{spec.key}")
+            flags.set(flag, value, spec.variable)
     pinned = {"--host": common.PINNED["--host"], "--port": common.PINNED["--port"]}
     added = common.apply_overrides(flags, given.overrides, pinned)
     common.check_values(flags)
@@ -55,7 +55,7 @@ def plan_transformers(facts: ModelFacts, given: common.PlanInput) -> dict[str, A
         # unset, every server takes every core, and several on one machine oversubscribe it.
         env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)})
         notes.append(
-            f"CPU threads per server: {threads} (inference_server_settings.cpu_threads: "
+            f"CPU threads per server: {threads} ({common.setting_variable('cpu_threads')}: "
             "OMP_NUM_THREADS, MKL_NUM_THREADS)"
         )
     env = common.merge_environment(env, given.environment)

@@ -24,7 +24,7 @@ EAGLE_FAMILY = ("NEXTN", "EAGLE", "EAGLE3", "STANDALONE")
 DEFAULT_SPECULATIVE = {"steps": 3, "topk": 1, "draft": budget.DEFAULT_DRAFT_TOKENS}
 # GiB per GPU kept free beyond the weights by the quick fit rule that picks the tensor-parallel
 # size; the memory budget (launch_plan/budget.py) then sizes SGLang's pools term by term.
-# Override with inference_server_settings.gpu_memory_headroom_gib.
+# Override with inference_server_gpu_memory_headroom_gib.
 DEFAULT_HEADROOM_GIB = 8.0
 
 
@@ -51,8 +51,8 @@ def _nextn_rule(flags: common.FlagSet, facts: ModelFacts, notes: list[str]) -> N
             raise common.PlanError(
                 f"{flags.source('--speculative-algorithm')} is NEXTN, which drafts with the model's "
                 f"own MTP head, but {facts.architecture} has mtp_num_hidden_layers "
-                f"{facts.mtp_layers} in config.json: set speculative_algorithm to null, or to EAGLE "
-                "or DFLASH with a drafter in model_sync_draft_source."
+                f"{facts.mtp_layers} in config.json: set {common.setting_variable('speculative_algorithm')} to null, "
+                "or to EAGLE or DFLASH with a drafter in model_sync_draft_source."
             )
         notes.append(
             f"NEXTN drafts with the model's own MTP head (mtp_num_hidden_layers {facts.mtp_layers}); "
@@ -72,7 +72,7 @@ def _speculative_rules(flags: common.FlagSet, notes: list[str]) -> None:
         if stray:
             raise common.PlanError(
                 f"{flags.source(stray[0])} sets {stray[0]} without a speculative algorithm: "
-                "set inference_server_settings.speculative_algorithm or remove it."
+                f"set {common.setting_variable('speculative_algorithm')} or remove it."
             )
         return
     if algo not in EAGLE_FAMILY:
@@ -140,7 +140,7 @@ def _mamba_rules(
         if not radix:
             strategy_source = flags.source("--mamba-scheduler-strategy")
             todo = (
-                "set disable_radix_cache: true in inference_server_settings instead, so the plan keeps no_buffer"
+                f"set {common.setting_variable('disable_radix_cache')} to true instead, so the plan keeps no_buffer"
                 if strategy_source.startswith("the plan")
                 else "drop one of the two"
             )
@@ -173,8 +173,8 @@ def _mamba_rules(
             if interval % page:
                 raise common.PlanError(
                     f"{interval_source} is {interval}, which is not divisible by --page-size {page} "
-                    f"(set by {flags.source('--page-size')}): set mamba_track_interval to a multiple "
-                    f"of {page}."
+                    f"(set by {flags.source('--page-size')}): set {common.setting_variable('mamba_track_interval')} "
+                    f"to a multiple of {page}."
                 )
     if algo is None:
         return
@@ -183,13 +183,15 @@ def _mamba_rules(
         if given is not None:
             source = flags.source("--mamba-scheduler-strategy")
             todo = f"set {source} to extra_buffer" + (
-                " or leave it unset so the plan derives it" if source.startswith("inference_server_settings") else ""
+                " or leave it unset so the plan derives it"
+                if source == common.setting_variable("mamba_scheduler_strategy")
+                else ""
             )
         elif strategy_flag in flags.removed:
             todo = f"remove {flags.removed[strategy_flag]}, which removes the extra_buffer the plan derived"
         else:
             todo = (
-                "set speculative_algorithm in inference_server_settings rather than in "
+                f"set {common.setting_variable('speculative_algorithm')} rather than "
                 "inference_server_overrides so the plan derives extra_buffer, or add "
                 f"'{strategy_flag}: extra_buffer' to inference_server_overrides"
             )
@@ -198,7 +200,7 @@ def _mamba_rules(
             f"speculative decoding ({flags.source('--speculative-algorithm')}: {algo}) on the hybrid "
             f"model {facts.architecture} with the radix cache needs {strategy_flag} "
             f"extra_buffer{with_env}, not {current}, and SGLang refuses it at "
-            f"start-up: {todo}, or set disable_radix_cache: true in inference_server_settings."
+            f"start-up: {todo}, or set {common.setting_variable('disable_radix_cache')} to true."
         )
     if (
         spec_v2_env
@@ -243,7 +245,7 @@ def _sglang_flags(
         value = settings.get(spec.key)
         if flag is None or value is None or value is False:
             continue
-        flags.set(flag, value, f"inference_server_settings.{spec.key}")
+        flags.set(flag, value, spec.variable)
         if spec.key == "speculative_algorithm":
             spec_keys = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens")
             if value in EAGLE_FAMILY and all(settings.get(k) is None for k in spec_keys):
@@ -251,7 +253,7 @@ def _sglang_flags(
                     flags.set(
                         common.SETTING_BY_KEY[key].flag["sglang"],
                         default,
-                        f"the plan (default for inference_server_settings.{key})",
+                        f"the plan (default for {common.setting_variable(key)})",
                     )
                 notes.append("speculative steps/top-k/draft tokens not set: the plan uses SGLang's own choice 3/1/4")
     speculative = settings.get("speculative_algorithm") is not None
@@ -264,7 +266,7 @@ def _sglang_flags(
         flags.set(
             "--mamba-scheduler-strategy",
             "extra_buffer",
-            "the plan (derived from inference_server_settings.speculative_algorithm)",
+            f"the plan (derived from {common.setting_variable('speculative_algorithm')})",
         )
     _settings_order(flags, [])
     return flags

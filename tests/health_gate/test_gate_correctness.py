@@ -168,6 +168,17 @@ def test_the_same_engine_keeps_the_first_reference_a_new_model_revision_replaces
     assert new_revision["correctness"]["golden"] != baseline["correctness"]["golden"]
 
 
+def test_a_probe_the_server_cannot_answer_fails_the_gate_beside_the_speed_checks(toy):
+    toy.mode = "no_tokenize"
+    report = gate(toy, "u1", min_decode_tps=1)
+    assert not report["passed"] and "decode_tps" in checks(report)
+    assert report["reasons"] == [
+        "the correctness probe could not ask the server: golden code: HTTP 404 from POST /tokenize: "
+        '{"detail": "Not Found"}'
+    ]
+    assert report["verdict"]["baseline"] is None and report["verdict"]["figures"]["correctness"] is None
+
+
 def test_the_admin_key_never_reaches_the_report(toy):
     report = gate(toy, "u1")
     assert "k-admin" not in json.dumps(report) and "k-api" not in json.dumps(report)

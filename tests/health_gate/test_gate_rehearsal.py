@@ -65,12 +65,15 @@ def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_s
         "1",
         "--max-ttft",
         "60",
+        "--correctness",
+        "off",
         "--json",
         "--quiet",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["passed"] and report["engine"] == "transformers" and report["model"] == srv["model"]
+    assert report["correctness"] is None and report["correctness_why"] == "the correctness probe is off"
     assert len(report["requests"]) == 3
     assert report["settings"]["fixed_output"] == "min_new_tokens"
     for req in report["requests"]:
@@ -95,7 +98,7 @@ def test_cli_repeat_measures_the_gates_own_noise_on_the_real_server(rehearsal_se
     proc = run_cli(
         *("--url", srv["url"], "--model", srv["model"], "--engine", "transformers", "--prompts", str(prompts)),
         *("--warmup", "1", "--requests", "1", "--max-tokens", "8", "--repeat", "2", "--max-regression-pct", "900"),
-        "--json",
+        *("--correctness", "off", "--json"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)

@@ -12,7 +12,7 @@ seeded function of the last two, so greedy output is deterministic and every fau
 drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache_bug`` (the
 ``ok`` model, except that a request whose prompt is found in the prefix cache decodes from
 perturbed state, like the mamba radix cache's "ghost node"); ``nondeterministic`` (fresh noise
-on every request); ``wrong_answers`` (chat answers off by one). The chat endpoint answers the
+on every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize`` answers 404). The chat endpoint answers the
 probe's arithmetic questions by parsing them.
 """
 
@@ -112,6 +112,8 @@ class FakeSGLangLM:
                     with server.lock:
                         server.cache.clear()
                     self._json(200, {})
+                elif self.path == "/tokenize" and server.mode == "no_tokenize":
+                    self._json(404, {"detail": "Not Found"})
                 elif self.path == "/tokenize":
                     self._json(200, {"tokens": list(body["prompt"].encode()), "count": len(body["prompt"].encode())})
                 elif self.path == "/generate":

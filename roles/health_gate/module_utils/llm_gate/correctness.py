@@ -188,6 +188,9 @@ def judge_correctness(
     """The correctness checks of a probe's ``result`` (None: it did not run); (checks, failure reasons, notes)."""
     if not result:
         return [], [], []
+    if result.get("error"):
+        check = {"name": "correctness_probe", "value": None, "op": "answered", "limit": None, "ok": False}
+        return [check], [f"the correctness probe could not ask the server: {result['error']}"], []
     checks: list[dict[str, Any]] = []
     reasons: list[str] = []
     notes: list[str] = list(result.get("notes") or [])

@@ -15,6 +15,7 @@ from .correctness import reference_of, wanted
 from .errors import GateFailure, RequestError
 from .monitor import Monitor
 from .probe import run_probe
+from .probeset import probe_identity
 from .readiness import PHASE_TEXT, wait_ready
 from .redaction import redact
 from .report import TIMESTAMP_FORMAT, utc_now
@@ -251,10 +252,13 @@ def _correctness(
         return
     report["phase"] = monitor.phase = "correctness"
     _, golden, _ = reference_of(cfg)
-    report["correctness"] = run_probe(
-        endpoint, engine, model, cfg.probe_set, golden, cfg.concurrency, cfg.request_timeout_s, monitor,
-        cfg.admin_api_key, say,
-    )  # fmt: skip
+    try:
+        report["correctness"] = run_probe(
+            endpoint, engine, model, cfg.probe_set, golden, cfg.concurrency, cfg.request_timeout_s, monitor,
+            cfg.admin_api_key, say,
+        )  # fmt: skip
+    except RequestError as exc:  # judged with the speed figures (llm_gate/correctness.py), not instead of them
+        report["correctness"] = {"probe": probe_identity(cfg.probe_set), "engine": engine, "error": str(exc)}
 
 
 def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:

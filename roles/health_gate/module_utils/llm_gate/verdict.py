@@ -158,7 +158,7 @@ def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
         # What the server said (the correctness probe), when it was asked this time.
         "correctness": (
             record_of(report["correctness"], (report.get("metadata") or {}).get("model_revision"))
-            if report.get("correctness")
+            if report.get("correctness") and not report["correctness"].get("error")
             else None
         ),
     }

@@ -110,6 +110,44 @@ def test_cli_repeat_measures_the_gates_own_noise_on_the_real_server(rehearsal_se
     assert "accept_length" not in block["repeatability"]["figures"]  # transformers serve reports none
 
 
+def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(rehearsal_server):
+    """The correctness probe against the real CPU engine and the trained tiny model: it scores the
+    rehearsal group's floor or more, its greedy outputs repeat exactly (consistency), and a second
+    deploy of another unit gives the first one's golden outputs and score (group_vars/rehearsal.yml's
+    thresholds, as a deploy judges it)."""
+    import llm_gate
+    import yaml
+
+    srv = rehearsal_server
+    group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
+    options = {
+        "url": srv["url"],
+        "model": srv["model"],
+        "engine": "transformers",
+        "warmup_requests": 0,
+        "requests": 1,
+        "max_tokens": 8,
+        "probe_set": str(REPO / "roles/health_gate/files/probes" / f"{group['health_gate_probe_set']}.json"),
+        "min_eval_score": group["health_gate_min_eval_score"],
+        "eval_margin_pct": group["health_gate_eval_margin_pct"],
+        "metadata": {"unit_sha256": "first", "model_revision": "tiny"},
+    }
+    first = llm_gate.run_gate(options)
+    assert first["passed"], first["reasons"]
+    found = {check["name"]: check for check in first["checks"]}
+    assert found["eval_score"]["value"] >= group["health_gate_min_eval_score"] > 0
+    assert found["consistency"]["ok"] and all(
+        row["repeat_differs_at"] is None for row in found["consistency"]["prompts"]
+    )
+    options.update(metadata={"unit_sha256": "second", "model_revision": "tiny"}, baseline=first["verdict"]["baseline"])
+    second = llm_gate.run_gate(options)
+    assert second["passed"], second["reasons"]
+    golden = {check["name"]: check for check in second["checks"]}["golden_outputs"]
+    assert golden["same"] == len(golden["prompts"]) == 5 and golden["value"] == 1.0
+    assert {check["name"]: check for check in second["checks"]}["eval_score_vs_last_known_good"]["ok"]
+    assert first["correctness"]["duration_s"] < 60, "the probe's cost on the CPU (bench/results/correctness_cpu.json)"
+
+
 def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal_server, tmp_path):
     srv = rehearsal_server
     unit_file = tmp_path / "inference-server.service"

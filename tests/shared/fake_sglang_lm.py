@@ -12,8 +12,8 @@ seeded function of the last two, so greedy output is deterministic and every fau
 drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache_bug`` (the
 ``ok`` model, except that a request whose prompt is found in the prefix cache decodes from
 perturbed state, like the mamba radix cache's "ghost node"); ``nondeterministic`` (fresh noise
-on every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize`` answers 404). The chat endpoint answers the
-probe's arithmetic questions by parsing them.
+on every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize``
+answers 404). The chat endpoint answers the probe's arithmetic questions by parsing them.
 """
 
 from __future__ import annotations

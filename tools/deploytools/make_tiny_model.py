@@ -639,6 +639,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             deepen_model(args.source, args.out, args.layers)
         print(f"{args.out}: {args.source} {'perturbed' if args.perturb is not None else f'in {args.layers} layers'}")
+        if args.check:
+            print(f"greedy accuracy on {args.check}: {check_model(args.out, read_items(args.check)):.3f}")
         return 0
     if args.layers < 4 or args.layers % 4:
         ap.error("--layers must be a multiple of 4 (the 3 linear : 1 full pattern)")

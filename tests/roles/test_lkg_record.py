@@ -15,20 +15,13 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from role_play import LOCALHOST_PLAYBOOK, REPO, run_tasks
 
-REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "inference_server"
-BIN = Path(sys.executable).parent
-# ansible-playbook against localhost, its modules run by this test's Python.
-LOCALHOST_PLAYBOOK = [
-    str(BIN / "ansible-playbook"),
-    *("-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"),
-]
 
 
 def load() -> ModuleType:
@@ -185,31 +178,7 @@ def rollback(tmp_path: Path, state: dict) -> subprocess.CompletedProcess:
         "inference_server_rollback_reason": "The gate failed.",
         "inference_server_plan": {"argv": [], "env": {}, "notes": []},
     }
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "tasks": [
-                {
-                    "name": "Roll back",
-                    "ansible.builtin.include_role": {"name": "inference_server", "tasks_from": "rollback.yml"},
-                }
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-        ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"),
-        ANSIBLE_LOCALHOST_WARNING="False",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
-        PATH=f"{BIN}:{os.environ['PATH']}",
-    )
-    cmd = [*LOCALHOST_PLAYBOOK, "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "play.yml")]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    return run_tasks(tmp_path, "inference_server", "rollback.yml", variables)
 
 
 @pytest.mark.parametrize("missing", ["venv", "model"])

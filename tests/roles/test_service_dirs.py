@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from llm_host_lib import service_dirs as service_dirs_lib
 from role_play import run_tasks, task_results
 
 SERVICE = ("nobody", "nogroup")
@@ -141,3 +142,47 @@ def test_a_new_host_gets_the_four_directories_once_and_check_mode_writes_nothing
         assert owner_and_mode(path) == (*SERVICE_IDS, 0o750), path
     again = service_dirs(base)
     assert again.returncode == 0 and not any(result.get("changed") for _, result in task_results(again))
+
+
+def test_an_operators_link_in_a_directory_of_root_alone_is_followed(base):
+    """/var/cache may hold a link to a larger disk: root alone writes there, so the link is the operator's."""
+    (base / "disk" / "cache").mkdir(parents=True)
+    (base / "var").mkdir(mode=0o755)
+    (base / "var" / "cache").symlink_to(base / "disk" / "cache")
+    found = service_dirs_lib.service_dirs(
+        [*SERVICE, f"inference_server_cache_dir={base / 'var' / 'cache' / 'inference-server'}"]
+    )
+    assert found["refused"] is None and found["made"] == [str(base / "disk" / "cache" / "inference-server")]
+    assert owner_and_mode(base / "disk" / "cache" / "inference-server") == (*SERVICE_IDS, 0o750)
+    assert (base / "var" / "cache").is_symlink()
+
+
+def test_a_link_in_a_directory_its_group_can_write_is_refused(base):
+    shared = base / "shared"
+    shared.mkdir()
+    os.chown(shared, 0, 65534)
+    shared.chmod(0o775)
+    (shared / "cache").symlink_to(base / "victim")
+    found = service_dirs_lib.service_dirs([*SERVICE, f"inference_server_cache_dir={shared / 'cache'}"])
+    assert "can be written by the group nogroup, who could have put it there" in found["refused"]
+    assert found["changed"] is False and owner_and_mode(base / "victim") == VICTIM
+
+
+def test_check_mode_before_the_account_exists_says_what_it_would_make_and_still_refuses_a_link(base):
+    """tasks/access.yml runs it in check mode before account.yml has created the account."""
+    new = ["svc-not-created", "svc-not-created", f"inference_server_cache_dir={base / 'cache'}"]
+    assert service_dirs_lib.service_dirs(new, check=True) == {
+        "changed": True,
+        "made": [str(base / "cache")],
+        "settled": [],
+        "handed_over": {},
+        "kept": 0,
+        "refused": None,
+    }
+    assert not (base / "cache").exists()
+    give_to_service(base / "cache")
+    (base / "cache" / "huggingface").symlink_to(base / "victim")
+    found = service_dirs_lib.service_dirs(
+        [*new, f"inference_server_cache_dir={base / 'cache' / 'huggingface'}"], check=True
+    )
+    assert found["refused"].startswith(f"{base / 'cache' / 'huggingface'} is a symbolic link to {base / 'victim'}")

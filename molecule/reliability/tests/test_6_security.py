@@ -2,7 +2,7 @@
 in the bad-input table: a control character from a model's config.json, a service account that
 cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment
 or in its secrets, a tampered wheel in the wheelhouse (the modes of the deploy's own state are in
-test_4_files.py).
+test_4_files.py); and of issue 44: a link the service account put where its cache directory must be.
 
 Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
 ``refuse``: same MainPID and start time, unit, secrets, venv and model links, the lock given back).
@@ -23,6 +23,22 @@ INJECTION = "\nExecStartPre=+/usr/bin/touch /tmp/pwned\n"
 # A small wheel of the rehearsal's lock, replaced in a copy of the wheelhouse by a tampered one.
 TAMPERED = "mdurl-0.1.2-py3-none-any.whl"
 LOCK = "transformers-cpu"
+# Issue 44, item 1: a root directory the service account points its Hugging Face cache at.
+VICTIM = "/opt/victim"
+HF_CACHE = f"/var/cache/{UNIT}/huggingface"
+
+
+def plant_link() -> None:
+    """Setup: as the service account, replace its Hugging Face cache with a link to a root directory."""
+    sh(
+        f"install -d -o root -g root -m 0755 {VICTIM} && setpriv --reuid=inference --regid=inference "
+        f"--clear-groups sh -c 'rm -rf {HF_CACHE} && ln -s {VICTIM} {HF_CACHE}'"
+    )
+
+
+def remove_link() -> None:
+    """Teardown: the Hugging Face cache as the role leaves it."""
+    sh(f"rm -f {HF_CACHE} && install -d -o inference -g inference -m 0750 {HF_CACHE} {HF_CACHE}/hub")
 
 
 def cases(work: Path) -> list[Case]:
@@ -77,6 +93,13 @@ def cases(work: Path) -> list[Case]:
              extra={"ml_env_wheelhouse": str(work / "wheelhouse-tampered"),
                     "ml_env_lock_dir": str(work / "locks-tampered")},
              allow_changes=True),
+        Case("service-link", "a link the service account put where its cache directory must be (issue 44)",
+             f"as `inference`: `rm -rf {HF_CACHE} && ln -s {VICTIM} {HF_CACHE}` ({VICTIM} root:root 0755); the link "
+             "changes the converged record, so the server's role runs",
+             rf"{HF_CACHE} is a symbolic link to {VICTIM}, where inference_server_cache_dir needs a directory: "
+             rf"/var/cache/{UNIT} can be written by inference, who could have put it there, so root follows no link "
+             rf"and changed nothing there; remove {HF_CACHE} and deploy again\.",
+             setup=plant_link, teardown=remove_link),
     ]
     # fmt: on
 
@@ -114,3 +137,5 @@ def test_security_input_is_refused_before_the_server_changes(
     if case_id == "control-character":
         assert sh("test -e /tmp/pwned && echo PWNED || echo clean").strip() == "clean"
         assert "ExecStartPre=+/usr/bin/touch" not in sh(f"cat /etc/systemd/system/{UNIT}.service")
+    if case_id == "service-link":
+        assert sh(f"stat -c '%U:%G %a' {VICTIM} && rm -rf {VICTIM}").strip() == "root:root 755"

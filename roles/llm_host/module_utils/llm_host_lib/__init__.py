@@ -21,4 +21,6 @@ Modules import each other relatively, so both names work; this ``__init__`` impo
 * ``guard``: the port guard (``port-guard PORT UNIT [GRACE_S]``, or ``guard``);
 * ``cli``: the command line's dispatch;
 * ``install``: the module's ``install``, the guard's modules onto the host (inference_server).
+* ``service_dirs``: the module's ``service-dirs``, the service account's directories, made
+  without following a link the account could have put there (inference_server).
 """

@@ -125,7 +125,9 @@ def test_the_engines_check_runs_no_code_the_service_account_put_in_its_directori
     ran = [marker.name for marker in markers if marker.exists()]
     assert not ran, f"root ran code the service account put in its directories: {ran}"
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    checked = dict(task_results(run))["Check the launch plan with the engine's own parser in the target venv"]
+    checked = dict(task_results(run))[
+        "inference_server : Check the launch plan with the engine's own parser in the target venv"
+    ]
     assert json.loads(checked["stdout"])["status"] == "passed", checked
     assert json.loads(checked["stdout"])["resolved"]["trust_remote_code"] is True
     assert not glob.glob(f"/tmp/{unit}*"), "the check's root-only caches were not removed"

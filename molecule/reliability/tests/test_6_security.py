@@ -2,7 +2,9 @@
 in the bad-input table: a control character from a model's config.json, a service account that
 cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment
 or in its secrets, a tampered wheel in the wheelhouse (the modes of the deploy's own state are in
-test_4_files.py); and of issue 44: a link the service account put where its cache directory must be.
+test_4_files.py); and of issue 44: a link the service account put where its cache directory must be
+(bad input), and the engine's check run by root with a module the account put in its cache (a row of
+the files table: the marker root would write).
 
 Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
 ``refuse``: same MainPID and start time, unit, secrets, venv and model links, the lock given back).
@@ -13,10 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import CACHE, REPO, UNIT, Deployer, sh
+import yaml
+from conftest import CACHE, HOST, REPO, UNIT, Deployer, dexec, record, sh
 from test_1_bad_input import TINY, Case, refuse
 
 INJECTION = "\nExecStartPre=+/usr/bin/touch /tmp/pwned\n"
@@ -39,6 +43,21 @@ def plant_link() -> None:
 def remove_link() -> None:
     """Teardown: the Hugging Face cache as the role leaves it."""
     sh(f"rm -f {HF_CACHE} && install -d -o inference -g inference -m 0750 {HF_CACHE} {HF_CACHE}/hub")
+
+
+# Issue 44, item 2: the tiny model with its own config class (auto_map), served from a path on the
+# host with trust_remote_code; transformers copies the class's module into HF_HOME/modules (the
+# account's cache) unless a file there has its name, size and mtime, and imports the copy.
+REMOTE_MODEL = "/srv/tiny-remote"
+REMOTE_MODULE = f"{HF_CACHE}/modules/transformers_modules/tiny_hyphen_remote/remote_config.py"
+CHECK_MARKER = "/root/issue44-root-ran-the-account-code"
+REMOTE_CONFIG = (
+    "from transformers import Qwen3_5TextConfig as _Base\n\n\n"
+    "class Qwen3_5TextConfig(_Base):\n"
+    '    """The model\'s own config class (auto_map), named as the one transformers maps to the model."""\n'
+)
+# The account's copy: the same class, and a marker when root imports it (the engine runs as inference).
+TRAP = f"import os\n\nif os.getuid() == 0:\n    open({CHECK_MARKER!r}, 'w').write('root')\n" + REMOTE_CONFIG
 
 
 def cases(work: Path) -> list[Case]:
@@ -139,3 +158,42 @@ def test_security_input_is_refused_before_the_server_changes(
         assert "ExecStartPre=+/usr/bin/touch" not in sh(f"cat /etc/systemd/system/{UNIT}.service")
     if case_id == "service-link":
         assert sh(f"stat -c '%U:%G %a' {VICTIM} && rm -rf {VICTIM}").strip() == "root:root 755"
+
+
+def test_the_engines_check_runs_no_code_the_service_account_put_in_its_cache(
+    workdir: Path, deployer: Deployer, good_state: dict
+) -> None:
+    """Issue 44, item 2: root runs the engine's check; with the plan's HF_HOME it imported the account's module."""
+    model = workdir / "tiny-remote"
+    shutil.copytree(TINY, model)
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "remote_config.Qwen3_5TextConfig"}
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    # As long as the trap, so that a shallow compare (size and mtime) takes one for the other.
+    (model / "remote_config.py").write_text(REMOTE_CONFIG + "#" * (len(TRAP) - len(REMOTE_CONFIG) - 1) + "\n")
+    subprocess.run(["docker", "cp", str(model), f"{HOST}:{REMOTE_MODEL}"], check=True, capture_output=True)
+    sh(f"chown -R root:root {REMOTE_MODEL} && chmod -R u=rwX,go=rX {REMOTE_MODEL} && rm -f {CHECK_MARKER}")
+    dexec(
+        "setpriv", "--reuid=inference", "--regid=inference", "--clear-groups", "sh", "-c",
+        f"mkdir -p $(dirname {REMOTE_MODULE}) && cat > {REMOTE_MODULE} && touch -r {REMOTE_MODEL}/remote_config.py "
+        f"{REMOTE_MODULE}",
+        stdin=TRAP,
+    )  # fmt: skip
+    settings = {**yaml.safe_load((REPO / "group_vars/rehearsal.yml").read_text())["inference_server_settings"]}
+    run = deployer.run(
+        {
+            "model_sync_source": {"type": "host_path", "path": REMOTE_MODEL},
+            "inference_server_settings": {**settings, "trust_remote_code": True},
+        }
+    )
+    found = sh(f"stat -c 'written by %U' {CHECK_MARKER} 2>/dev/null || echo absent").strip()
+    record(
+        "files",
+        path=f"{CHECK_MARKER} (the engine's check, trust_remote_code, the account's module in HF_HOME/modules)",
+        expected="absent: root ran no code the service account put in its cache",
+        found=found,
+        ok=found == "absent",
+    )
+    sh(f"rm -f {CHECK_MARKER} {REMOTE_MODULE}")
+    assert found == "absent", "root imported the service account's module in the engine's check"
+    assert run.rc == 0, f"the deploy of the remote-code model failed:\n{run.tail()}"

@@ -125,3 +125,53 @@ def test_device_nodes_name_their_group_when_not_world_read_write(base):
         subprocess.run(["getent", "group", "44"], capture_output=True, text=True).stdout.split(":")[0] or "44"
     ]
     assert [(p["path"], p["mode"]) for p in found["device_problems"]] == [(str(base / "nvidiactl"), "0600")]
+
+
+def venv_under(base: Path, umask: int) -> Path:
+    """A real venv (no pip) made under ``umask``, at ``<base>/opt/ml-env.d/<hash>`` as ml_env makes it."""
+    venv = base / "opt" / "ml-env.d" / "0123456789ab"
+    venv.parent.mkdir(parents=True)
+    for path in (base / "opt", venv.parent):
+        path.chmod(0o755)
+    make = f"umask {umask:03o} && exec /usr/bin/python3 -m venv --without-pip {venv}"
+    subprocess.run(["sh", "-c", make], check=True)
+    return venv
+
+
+def kernel_runs(venv: Path) -> bool:
+    """Whether nobody runs the venv's python as that venv and lists its site-packages, for real."""
+    code = "import os, site, sys; assert sys.prefix == sys.argv[1]; [os.listdir(p) for p in site.getsitepackages()]"
+    argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(venv / "bin" / "python")]
+    return subprocess.run([*argv, "-c", code, str(venv)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("closed", ["umask 077", "pyvenv.cfg", "site-packages"])
+def test_a_venv_the_account_cannot_run_is_refused_where_the_kernel_refuses(base, closed):
+    """Issue 44: built under root's umask 077 (or closed in part), the venv fails the start with 203/EXEC."""
+    venv = venv_under(base, 0o077 if closed == "umask 077" else 0o022)
+    site_packages = next(venv.glob("lib/python3*/site-packages"))
+    blocked = {"umask 077": (venv, "search (x)"), "pyvenv.cfg": (venv / "pyvenv.cfg", "read")}
+    blocked["site-packages"] = (site_packages, "read")
+    (venv / "pyvenv.cfg").chmod(0o600 if closed == "pyvenv.cfg" else 0o644)
+    site_packages.chmod(0o700 if closed != "pyvenv.cfg" else 0o755)
+    found = access(f"--venv=ml_env_path={venv}")
+    assert not kernel_runs(venv)
+    assert [(p["variable"], p["path"], p["blocked_at"], p["need"]) for p in found["venv_problems"]] == [
+        ("ml_env_path", str(venv), str(blocked[closed][0]), blocked[closed][1])
+    ]
+    assert found["problems"] == []
+
+
+def test_a_venv_built_under_umask_022_passes_as_it_does_for_the_kernel_and_one_not_built_yet_too(base):
+    venv = venv_under(base, 0o022)
+    found = access(f"--venv=ml_env_path={venv}", f"--venv=ml_env_path={venv.parent / 'not-built-yet'}")
+    assert found["venv_problems"] == [] and found["problems"] == []
+    assert kernel_runs(venv)
+
+
+def test_a_venv_beyond_a_closed_directory_is_a_problem_of_reach(base):
+    venv = venv_under(base, 0o022)
+    (base / "opt").chmod(0o700)
+    found = access(f"--venv=ml_env_path={venv}")
+    assert [(p["variable"], p["blocked_at"]) for p in found["problems"]] == [("ml_env_path", str(base / "opt"))]
+    assert found["venv_problems"] == []

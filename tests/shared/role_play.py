@@ -24,11 +24,18 @@ LOCALHOST_PLAYBOOK = [
 
 
 def run_tasks(
-    workdir: Path, role: str, tasks_from: str, variables: dict[str, Any], *args: str, json_output: bool = False
+    workdir: Path,
+    role: str,
+    tasks_from: str,
+    variables: dict[str, Any],
+    *args: str,
+    json_output: bool = False,
+    umask: int = -1,
 ) -> subprocess.CompletedProcess[str]:
     """``include_role`` ``role`` with ``tasks_from`` and ``variables`` on localhost; the finished run.
 
-    ``json_output`` selects the ``json`` stdout callback (read it with :func:`task_results`).
+    ``json_output`` selects the ``json`` stdout callback (read it with :func:`task_results`);
+    ``umask`` is the one ansible-playbook, and so every module, runs under (-1: this process's).
     """
     play = [
         {
@@ -56,7 +63,7 @@ def run_tasks(
     if json_output:
         env["ANSIBLE_STDOUT_CALLBACK"] = "json"
     cmd = [*LOCALHOST_PLAYBOOK, "-e", f"@{workdir / 'vars.json'}", *args, str(workdir / "play.yml")]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir, check=False)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=workdir, check=False, umask=umask)
 
 
 def task_results(run: subprocess.CompletedProcess[str]) -> list[tuple[str, dict[str, Any]]]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from role_play import run_tasks, task_results
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles/inference_server/files/service-access.py"
@@ -140,7 +141,9 @@ def venv_under(base: Path, umask: int) -> Path:
 
 def kernel_runs(venv: Path) -> bool:
     """Whether nobody runs the venv's python as that venv and lists its site-packages, for real."""
-    code = "import os, site, sys; assert sys.prefix == sys.argv[1]; [os.listdir(p) for p in site.getsitepackages()]"
+    # Debian's site.getsitepackages() also names dist-packages directories that need not exist.
+    code = "import os, site, sys; assert sys.prefix == sys.argv[1]"
+    code += "; [os.listdir(p) for p in site.getsitepackages() if os.path.exists(p)]"
     argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(venv / "bin" / "python")]
     return subprocess.run([*argv, "-c", code, str(venv)], capture_output=True).returncode == 0
 
@@ -175,3 +178,38 @@ def test_a_venv_beyond_a_closed_directory_is_a_problem_of_reach(base):
     found = access(f"--venv=ml_env_path={venv}")
     assert [(p["variable"], p["blocked_at"]) for p in found["problems"]] == [("ml_env_path", str(base / "opt"))]
     assert found["venv_problems"] == []
+
+
+def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_anything_changes(base):
+    """tasks/access.yml as deploy.yml runs it (ansible-playbook on localhost), nobody as the account."""
+    venv = venv_under(base, 0o077)
+    (base / "opt" / "ml-env").symlink_to(venv)
+    model = base / "srv" / "model"
+    model.mkdir(parents=True)
+    for path in (base / "srv", model):
+        path.chmod(0o755)
+    (base / "controller").mkdir()
+    variables = {
+        "inference_server_user": "nobody",
+        "inference_server_group": "nogroup",
+        "inference_server_supplementary_groups": [],
+        "inference_server_gpu_devices": [],
+        "inference_server_state_dir": str(base / "state"),
+        "inference_server_cache_dir": str(base / "cache"),
+        "ml_env_path": str(base / "opt" / "ml-env"),
+        "ml_env_venv_dir": str(venv),
+        "model_sync_source": {"type": "host_path", "path": str(model)},
+        "model_sync_root": str(base / "srv"),
+        "model_sync_name": "model",
+    }
+    run = run_tasks(base / "controller", "inference_server", "access.yml", variables, json_output=True)
+    failed = [result for _, result in task_results(run) if result.get("failed")]
+    assert run.returncode != 0 and failed, run.stdout[-3000:]
+    link = base / "opt" / "ml-env"
+    assert " ".join(failed[-1]["msg"].split()) == (
+        f"inference_server_user nobody cannot run the python of ml_env_path's venv {link} ({link} is 0700 "
+        "root:root, it needs search (x)), so the server could not start (203/EXEC): open the venv to other accounts "
+        f"with chmod -R go+rX {link} (it was built under a umask that closed it; ml_env builds venvs open since "
+        "issue 44) or remove it so that ml_env builds it again; nothing was stopped or changed."
+    )
+    assert not (base / "state").exists() and not (base / "cache").exists()

@@ -3,8 +3,8 @@ in the bad-input table: a control character from a model's config.json, a servic
 cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment
 or in its secrets, a tampered wheel in the wheelhouse (the modes of the deploy's own state are in
 test_4_files.py); and of issue 44: a link the service account put where its cache directory must be
-(bad input), and the engine's check run by root with a module the account put in its cache (a row of
-the files table: the marker root would write).
+(bad input), a venv the account cannot run (bad input), and the engine's check run by root with a
+module the account put in its cache (a row of the files table: the marker root would write).
 
 Each bad input must stop with its sentence and leave the server as it was (test_1_bad_input's
 ``refuse``: same MainPID and start time, unit, secrets, venv and model links, the lock given back).
@@ -119,6 +119,17 @@ def cases(work: Path) -> list[Case]:
              rf"/var/cache/{UNIT} can be written by inference, who could have put it there, so root follows no link "
              rf"and changed nothing there; remove {HF_CACHE} and deploy again\.",
              setup=plant_link, teardown=remove_link),
+        Case("venv-closed", "a venv the service account cannot run (built under root's umask 077, issue 44)",
+             "`chmod 0700` the venv `/opt/ml-env` points at, as ml_env left it under umask 077 before issue 44; "
+             "`inference_server_environment: {ISSUE44_VENV: \"1\"}` changes the unit, so the server's role runs",
+             r"inference_server_user inference cannot run the python of ml_env_path's venv /opt/ml-env \(/opt/ml-env "
+             r"is 0700 root:root, it needs search \(x\)\), so the server could not start \(203/EXEC\): open the venv "
+             r"to other accounts with chmod -R go\+rX /opt/ml-env \(it was built under a umask that closed it; ml_env "
+             r"builds venvs open since issue 44\) or remove it so that ml_env builds it again; nothing was stopped or "
+             r"changed\.",
+             extra={"inference_server_environment": {"ISSUE44_VENV": "1"}},
+             setup=lambda: sh("chmod 0700 $(readlink -f /opt/ml-env)"),
+             teardown=lambda: sh("chmod 0755 $(readlink -f /opt/ml-env)")),
     ]
     # fmt: on
 

@@ -7,6 +7,7 @@ them from where they are, without putting their folder on ``sys.path``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -73,3 +74,27 @@ def run_role_tasks(
     return subprocess.run(
         cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
     )
+
+
+def as_module_utils(*modules: str) -> None:
+    """Let ``ansible.module_utils.<module>`` import each of ``modules`` as installed, as AnsiballZ ships them.
+
+    A role's module imports the host-side packages (``llm_host_lib``, ...) under Ansible's name;
+    the tests import the same packages from the editable install (pyproject.toml).
+    """
+    for name in modules:
+        importlib.import_module(name)
+        package = name.split(".")[0]
+        for loaded in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            sys.modules.setdefault(f"ansible.module_utils.{loaded}", sys.modules[loaded])
+
+
+def run_module_file(path: Path, args_file: Path, *modules: str) -> subprocess.CompletedProcess[str]:
+    """Run a role's module file as Ansible does (``python MODULE ARGS_FILE``), with :func:`as_module_utils`."""
+    runner = (
+        "import runpy, sys; from role_files import as_module_utils; as_module_utils(*sys.argv[3:]); "
+        "sys.argv = sys.argv[1:3]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    argv = [sys.executable, "-c", runner, str(path), str(args_file), *modules]
+    return subprocess.run(argv, capture_output=True, text=True, check=False, env=env)

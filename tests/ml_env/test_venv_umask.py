@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from deploytools import build_bundle as bb
-from role_play import run_tasks
+from role_files import run_role_tasks
 from test_install_hashes import offline_pip_env, sha256
 
 pytestmark = pytest.mark.skipif(
@@ -74,7 +74,9 @@ def test_a_venv_built_under_umask_077_can_be_run_by_the_service_account(
     for name, value in offline_pip_env().items():
         monkeypatch.setenv(name, value)
     (base / "controller" / "play").mkdir()
-    run = run_tasks(base / "controller" / "play", "ml_env", "pip.yml", variables, umask=0o077)
+    run = run_role_tasks(
+        base / "controller" / "play", variables, ["pip.yml"], check_mode=False, role="ml_env", umask=0o077
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert (venv / "lib").exists() and closed_to_others(venv) == []
     as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(venv / "bin" / "python")]

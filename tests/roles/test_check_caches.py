@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from deploytools.launch_plan.plan import build_plan
 from rehearsal_engine import CACHE, MODEL
-from role_play import run_tasks, task_results
+from role_files import run_role_tasks, task_results
 
 CPU_VENV = CACHE / "venvs" / "transformers-cpu"
 SERVICE_IDS = (65534, 65534)  # nobody:nogroup
@@ -121,7 +121,7 @@ def test_the_engines_check_runs_no_code_the_service_account_put_in_its_directori
         "model_sync_model_dir": str(model),
         "preflight_gpus": [],
     }
-    run = run_tasks(base / "controller", "inference_server", "validate.yml", variables, "--check", json_output=True)
+    run = run_role_tasks(base / "controller", variables, ["validate.yml"], check_mode=True, json_output=True)
     ran = [marker.name for marker in markers if marker.exists()]
     assert not ran, f"root ran code the service account put in its directories: {ran}"
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

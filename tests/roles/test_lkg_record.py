@@ -14,15 +14,21 @@ import errno
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import durability
 import pytest
-from role_files import as_module_utils, import_file
-from role_play import LOCALHOST_PLAYBOOK, REPO, run_tasks
+from role_files import REPO, as_module_utils, import_file, run_role_tasks
 
 ROLE = REPO / "roles" / "inference_server"
+BIN = Path(sys.executable).parent
+# ansible-playbook against localhost, its modules run by this test's Python.
+LOCALHOST_PLAYBOOK = [
+    str(BIN / "ansible-playbook"),
+    *("-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"),
+]
 
 
 def load() -> ModuleType:
@@ -183,7 +189,7 @@ def rollback(tmp_path: Path, state: dict) -> subprocess.CompletedProcess:
         "inference_server_rollback_reason": "The gate failed.",
         "inference_server_plan": {"argv": [], "env": {}, "notes": []},
     }
-    return run_tasks(tmp_path, "inference_server", "rollback.yml", variables)
+    return run_role_tasks(tmp_path, variables, ["rollback.yml"], check_mode=False)
 
 
 @pytest.mark.parametrize("missing", ["venv", "model"])

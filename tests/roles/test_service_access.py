@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from role_play import run_tasks, task_results
+from role_files import run_role_tasks, task_results
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles/inference_server/files/service-access.py"
@@ -202,7 +202,7 @@ def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_a
         "model_sync_root": str(base / "srv"),
         "model_sync_name": "model",
     }
-    run = run_tasks(base / "controller", "inference_server", "access.yml", variables, json_output=True)
+    run = run_role_tasks(base / "controller", variables, ["access.yml"], check_mode=False, json_output=True)
     failed = [result for _, result in task_results(run) if result.get("failed")]
     assert run.returncode != 0 and failed, run.stdout[-3000:]
     link = base / "opt" / "ml-env"

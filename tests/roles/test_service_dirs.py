@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from llm_host_lib import service_dirs as service_dirs_lib
-from role_play import run_tasks, task_results
+from role_files import run_role_tasks, task_results
 
 SERVICE = ("nobody", "nogroup")
 SERVICE_IDS = (65534, 65534)
@@ -40,7 +40,7 @@ def base() -> Iterator[Path]:
     shutil.rmtree(path)
 
 
-def service_dirs(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def service_dirs(base: Path, check_mode: bool = False) -> subprocess.CompletedProcess[str]:
     """Run tasks/service_dirs.yml for state ``base/state`` and cache ``base/cache``, the account nobody."""
     variables = {
         "inference_server_user": SERVICE[0],
@@ -48,7 +48,7 @@ def service_dirs(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
         "inference_server_state_dir": str(base / "state"),
         "inference_server_cache_dir": str(base / "cache"),
     }
-    return run_tasks(base / "controller", "inference_server", "service_dirs.yml", variables, *args, json_output=True)
+    return run_role_tasks(base / "controller", variables, ["service_dirs.yml"], check_mode=check_mode, json_output=True)
 
 
 def failure(run: subprocess.CompletedProcess[str]) -> str:
@@ -81,7 +81,7 @@ def test_a_link_the_service_put_in_its_cache_is_refused_and_its_target_keeps_its
     cache = base / "cache"
     give_to_service(base / "state", cache, *([cache / "huggingface"] if where != "huggingface" else []))
     (cache / where).symlink_to(base / "victim")
-    run = service_dirs(base, *(["--check"] if check_mode else []))
+    run = service_dirs(base, check_mode)
     assert owner_and_mode(base / "victim") == VICTIM, "root followed the service's link and handed the victim over"
     assert owner_and_mode(base / "victim" / "passwd") == (0, 0, 0o644)
     assert run.returncode != 0, "a link where the service's directory must be was not refused"
@@ -127,7 +127,7 @@ def test_what_another_account_left_is_handed_over_without_following_its_links(ba
 
 
 def test_a_new_host_gets_the_four_directories_once_and_check_mode_writes_nothing(base):
-    checked = service_dirs(base, "--check")
+    checked = service_dirs(base, check_mode=True)
     assert checked.returncode == 0, checked.stdout[-3000:]
     assert not (base / "cache").exists() and not (base / "state").exists()
     assert any(result.get("changed") for _, result in task_results(checked))

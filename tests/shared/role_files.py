@@ -37,9 +37,14 @@ def run_role_tasks(
     tasks_from: list[str],
     check_mode: bool = True,
     role: str = "inference_server",
+    json_output: bool = False,
+    umask: int = -1,
 ) -> subprocess.CompletedProcess:
     """Run ``role``'s task files ``tasks_from`` in turn on this machine (connection local, modules run by
-    this test's Python) with ``variables`` as extra vars; the repository's ansible.cfg, roles and filters."""
+    this test's Python) with ``variables`` as extra vars; the repository's ansible.cfg, roles and filters.
+
+    ``json_output`` selects the ``json`` stdout callback (read it with :func:`task_results`);
+    ``umask`` is the one ansible-playbook, and so every module, runs under (-1: this process's)."""
     tasks = "\n".join(
         f"""    - name: Run {role} {name}
       ansible.builtin.include_role:
@@ -69,11 +74,18 @@ def run_role_tasks(
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "DEPLOY_CACHE_DIR": os.environ.get("DEPLOY_CACHE_DIR") or str(REPO / ".cache"),
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        **({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_output else {}),
     }
     cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
     return subprocess.run(
-        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
+        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False, umask=umask
     )
+
+
+def task_results(run: subprocess.CompletedProcess) -> list[tuple[str, dict[str, Any]]]:
+    """(task name, localhost's result) of every task of a ``json_output`` run, in order."""
+    out = json.loads(run.stdout[run.stdout.index("{") :])
+    return [(task["task"]["name"], task["hosts"].get("localhost", {})) for task in out["plays"][0]["tasks"]]
 
 
 def as_module_utils(*modules: str) -> None:

@@ -19,7 +19,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import CACHE, HOST, REPO, UNIT, Deployer, dexec, record, sh
 from test_1_bad_input import TINY, Case, refuse
 
@@ -190,12 +189,8 @@ def test_the_engines_check_runs_no_code_the_service_account_put_in_its_cache(
         f"{REMOTE_MODULE}",
         stdin=TRAP,
     )  # fmt: skip
-    settings = {**yaml.safe_load((REPO / "group_vars/rehearsal.yml").read_text())["inference_server_settings"]}
     run = deployer.run(
-        {
-            "model_sync_source": {"type": "host_path", "path": REMOTE_MODEL},
-            "inference_server_settings": {**settings, "trust_remote_code": True},
-        }
+        {"model_sync_source": {"type": "host_path", "path": REMOTE_MODEL}, "inference_server_trust_remote_code": True}
     )
     found = sh(f"stat -c 'written by %U' {CHECK_MARKER} 2>/dev/null || echo absent").strip()
     record(

@@ -13,8 +13,7 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,6 @@ from test_install_hashes import offline_pip_env, sha256
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to try the account for real"
 )
-
-
-@pytest.fixture
-def base() -> Iterator[Path]:
-    """A world-searchable directory (pytest's tmp_path sits under a 0700 directory of root)."""
-    path = Path(tempfile.mkdtemp(prefix="venv-umask-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def closed_to_others(venv: Path) -> list[str]:
@@ -49,8 +39,9 @@ def closed_to_others(venv: Path) -> list[str]:
 
 
 def test_a_venv_built_under_umask_077_can_be_run_by_the_service_account(
-    base: Path, make_wheel: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+    searchable_tmp: Path, make_wheel: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    base = searchable_tmp
     wheelhouse = base / "controller" / "wheelhouse" / "demo"
     wheel = make_wheel(wheelhouse, "u44demo", "1.0")
     venv = base / "opt" / "ml-env.d" / "0123456789ab"

@@ -1,7 +1,7 @@
 """inference_server's tasks/validate.yml runs the engine's check as root: nothing it runs may come
 from a directory the service account can write (issue 44, item 2).
 
-The real check on the CPU: the role's validate.yml through ansible-playbook on localhost (in
+The real check on the CPU: the role's plan.yml and validate.yml through ansible-playbook on localhost (in
 check mode, which runs the check and keeps its record out of the shared CPU venv), with a plan
 of the CPU profile (``transformers serve``, trust_remote_code) for a copy of the tiny model whose
 config.json names its own config class (``auto_map``). The service account (``nobody``) owns the
@@ -22,13 +22,10 @@ import glob
 import json
 import os
 import shutil
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from deploytools.launch_plan.plan import build_plan
 from rehearsal_engine import CACHE, MODEL
 from role_files import run_role_tasks, task_results
 
@@ -44,16 +41,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root, as the de
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A world-searchable directory: the model (root's), the service's state and cache (nobody's)."""
-    path = Path(tempfile.mkdtemp(prefix="check-caches-", dir="/tmp"))
-    path.chmod(0o755)
+def base(searchable_tmp: Path) -> Path:
+    """A directory every account can search: the model (root's), the service's state and cache (nobody's)."""
     for name in ("state", "cache"):
-        (path / name).mkdir(mode=0o750)
-        os.chown(path / name, *SERVICE_IDS)
-    (path / "controller").mkdir()
-    yield path
-    shutil.rmtree(path)
+        (searchable_tmp / name).mkdir(mode=0o750)
+        os.chown(searchable_tmp / name, *SERVICE_IDS)
+    (searchable_tmp / "controller").mkdir()
+    return searchable_tmp
 
 
 def remote_code_model(base: Path) -> Path:
@@ -98,30 +92,22 @@ def test_the_engines_check_runs_no_code_the_service_account_put_in_its_directori
     model = remote_code_model(base)
     markers = plant(base, model)
     unit = f"check-caches-{uuid.uuid4().hex[:8]}"
-    plan = build_plan(
-        json.loads((model / "config.json").read_text()),
-        engine="transformers",
-        engine_version="5.6.0",
-        venv_dir=str(CPU_VENV),
-        model_path=str(model),
-        host="127.0.0.1",
-        port=8000,
-        settings={"trust_remote_code": True},
-        environment={"PYTHONPATH": str(base / "state" / "python")},
-        cache_dir=str(base / "cache"),
-    )
-    assert "--trust-remote-code" in plan["argv"] and plan["env"]["HF_HOME"] == str(base / "cache" / "huggingface")
     variables = {
         "inference_server_engine": "transformers",
         "inference_server_unit_name": unit,
-        "inference_server_plan": plan,
+        "inference_server_trust_remote_code": True,
+        "inference_server_environment": {"PYTHONPATH": str(base / "state" / "python")},
         "inference_server_state_dir": str(base / "state"),
         "inference_server_cache_dir": str(base / "cache"),
         "ml_env_venv_dir": str(CPU_VENV),
+        "ml_env_engine_version": "5.6.0",
         "model_sync_model_dir": str(model),
+        "model_sync_config": json.loads((model / "config.json").read_text()),
         "preflight_gpus": [],
     }
-    run = run_role_tasks(base / "controller", variables, ["validate.yml"], check_mode=True, json_output=True)
+    run = run_role_tasks(
+        base / "controller", variables, ["plan.yml", "validate.yml"], check_mode=True, json_output=True
+    )
     ran = [marker.name for marker in markers if marker.exists()]
     assert not ran, f"root ran code the service account put in its directories: {ran}"
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]

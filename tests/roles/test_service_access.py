@@ -9,8 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,12 +36,9 @@ def kernel_allows(path: Path, test: str) -> bool:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A world-searchable directory (pytest's tmp_path sits under a 0700 directory of root)."""
-    path = Path(tempfile.mkdtemp(prefix="service-access-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
+def base(searchable_tmp: Path) -> Path:
+    """The tree's root: a directory every account can search."""
+    return searchable_tmp
 
 
 def tree(base: Path, home_mode: int) -> tuple[Path, Path]:

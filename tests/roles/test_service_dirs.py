@@ -11,10 +11,7 @@ root's files in it. The victim's owner and mode must not move.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,16 +25,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand di
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A world-searchable directory with a root-owned victim in it (``victim/passwd``)."""
-    path = Path(tempfile.mkdtemp(prefix="service-dirs-", dir="/tmp"))
-    path.chmod(0o755)
-    (path / "victim").mkdir(mode=0o755)
-    (path / "victim" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
-    (path / "victim" / "passwd").chmod(0o644)
-    (path / "controller").mkdir()
-    yield path
-    shutil.rmtree(path)
+def base(searchable_tmp: Path) -> Path:
+    """A directory every account can search, with a root-owned victim in it (``victim/passwd``)."""
+    (searchable_tmp / "victim").mkdir(mode=0o755)
+    (searchable_tmp / "victim" / "passwd").write_text("root:x:0:0::/root:/bin/sh\n")
+    (searchable_tmp / "victim" / "passwd").chmod(0o644)
+    (searchable_tmp / "controller").mkdir()
+    return searchable_tmp
 
 
 def service_dirs(base: Path, check_mode: bool = False) -> subprocess.CompletedProcess[str]:

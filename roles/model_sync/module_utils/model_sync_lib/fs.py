@@ -117,14 +117,10 @@ def publish(staged: str, path: str) -> None:
 def atomic_write(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` whole and on disk: a temporary file, fsynced, then :func:`publish`."""
     tmp = f"{path}.tmp.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
     publish(tmp, path)
 
 

@@ -181,6 +181,7 @@ def test_the_engines_check_runs_no_code_the_service_account_put_in_its_cache(
     (model / "config.json").write_text(json.dumps(config, indent=2))
     # As long as the trap, so that a shallow compare (size and mtime) takes one for the other.
     (model / "remote_config.py").write_text(REMOTE_CONFIG + "#" * (len(TRAP) - len(REMOTE_CONFIG) - 1) + "\n")
+    sh(f"rm -rf {REMOTE_MODEL}")
     subprocess.run(["docker", "cp", str(model), f"{HOST}:{REMOTE_MODEL}"], check=True, capture_output=True)
     sh(f"chown -R root:root {REMOTE_MODEL} && chmod -R u=rwX,go=rX {REMOTE_MODEL} && rm -f {CHECK_MARKER}")
     dexec(

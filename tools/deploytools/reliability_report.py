@@ -449,6 +449,16 @@ first checks that the record's venv (`bin/python`), model and drafter directorie
 unit copy exist, and otherwise refuses with one sentence naming what is missing, before any
 link or unit moves (`tests/roles/test_lkg_record.py`).
 
+**Writes that must survive a power cut** (issue 44): the last-known-good record, the converged
+record (and its last-known-good copy), the port guard's files and model_sync's `current` switch
+and revisions are each written under a temporary name, fsynced (each file, and a staged
+directory), renamed, and then the directory that holds the name is fsynced, before the module
+says it is done: one place for the steps in each package (`llm_host_lib/durable.py` for the
+deploy's records, `model_sync_lib/fs.py`'s `publish` for the model). A container restart keeps
+the page cache, so a missing fsync cannot show in the power cuts above; the tests record the
+order of each writer's writes, fsyncs and renames instead (`tests/shared/durability.py`) and fail
+when a file's fsync before its rename, or the directory's after it, is left out.
+
 **A disk that fills**: model_sync checks the host's free space against the model's bytes to
 fetch plus `model_sync_disk_reserve_mib` before it copies, and ml_env against the lock's wheels
 (the wheelhouse's files) times `ml_env_unpack_factor` (4; the rehearsal's venv is 4.0x its

@@ -204,8 +204,12 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
     return (tmp_path / "unit").read_text()
 
 
-def template_run(tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess:
-    """The ansible-playbook run that renders the unit template to ``tmp_path / "unit"``."""
+def template_run(
+    tmp_path: Path, template: str = "inference-server.service.j2", role: str = "inference_server", **extra: Any
+) -> subprocess.CompletedProcess:
+    """The ansible-playbook run that renders a template of ``role`` (the server's unit unless told) with the
+    role's defaults and vars (and ``extra``) to ``tmp_path / "unit"``."""
+    role_dir = REPO / "roles" / role
     variables = {
         "inference_server_plan": {
             "argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
@@ -220,12 +224,12 @@ def template_run(tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess:
         {
             "hosts": "localhost",
             "gather_facts": False,
-            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
+            "vars_files": [str(role_dir / "defaults" / "main.yml"), str(role_dir / "vars" / "main.yml")],
             "tasks": [
                 {
-                    "name": "Render the unit",
+                    "name": "Render the template",
                     "ansible.builtin.template": {
-                        "src": str(ROLE / "templates" / "inference-server.service.j2"),
+                        "src": str(role_dir / "templates" / template),
                         "dest": str(tmp_path / "unit"),
                         "mode": "0644",
                     },

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from deploytools.systemd_unit import (
     KINDS,
+    systemd_env_file,
     systemd_env_file_line,
     systemd_env_line,
     systemd_exec_lines,
@@ -102,6 +103,7 @@ def test_the_filter_plugin_is_every_function_of_the_package():
         "systemd_exec_lines": systemd_exec_lines,
         "systemd_env_line": systemd_env_line,
         "systemd_env_file_line": systemd_env_file_line,
+        "systemd_env_file": systemd_env_file,
         "systemd_text": systemd_text,
     }
 
@@ -187,3 +189,9 @@ def test_an_environment_file_line_refuses_a_control_character_without_showing_th
 def test_an_environment_file_line_refuses_a_name_that_is_none(name):
     with pytest.raises(ValueError, match="^inference_server_secrets holds the name .* no environment variable name"):
         systemd_env_file_line(name, "v", "inference_server_secrets")
+
+
+def test_an_environment_file_is_its_lines_sorted_by_name(tmp_path):
+    text = filters()["systemd_env_file"]({"B": "x y", "A": "1"}, "inference_server_secrets")
+    assert text == 'A=1\nB="x y"\n' and filters()["systemd_env_file"]({}, "x") == ""
+    assert read_env_file(tmp_path, text, ["A", "B"]) == ["1", "x y"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from role_files import import_file
-from test_drain import directives, render_unit
+from test_drain import directives, render_unit, template_run
 
 REPO = Path(__file__).resolve().parents[2]
 WATCHDOG = REPO / "roles" / "inference_server" / "files" / "watchdog.py"
@@ -337,6 +337,20 @@ def test_the_textfile_is_written_through_a_fresh_file_that_follows_no_link(tmp_p
     assert state.stat().st_mode & 0o777 == 0o600 and json.loads(state.read_text())["llm_watchdog_restarts_total"] == 1
     # Nothing left aside but the planted link.
     assert sorted(p.name for p in textfile_dir.iterdir()) == [".llm_watchdog.prom.4242", "llm_watchdog.prom"]
+
+
+@pytest.mark.parametrize("argv, metrics_url", [(["--enable-metrics"], "http://[::1]:30000/metrics"), ([], "")])
+def test_the_watchdog_reads_the_engines_metrics_where_the_plan_turns_them_on(tmp_path, argv, metrics_url):
+    plan = {"argv": ["/opt/ml-env/bin/sglang", "serve", *argv], "env": {}, "notes": []}
+    proc = template_run(
+        tmp_path,
+        template="watchdog.json.j2",
+        inference_server_plan=plan,
+        inference_server_host="::",
+        inference_server_port=30000,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert json.loads((tmp_path / "unit").read_text())["metrics_url"] == metrics_url
 
 
 @pytest.mark.parametrize("engine, after", [("sglang", ["nvidia-persistenced.service"]), ("transformers", [])])

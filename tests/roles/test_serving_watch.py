@@ -353,6 +353,32 @@ def test_the_watchdog_reads_the_engines_metrics_where_the_plan_turns_them_on(tmp
     assert json.loads((tmp_path / "unit").read_text())["metrics_url"] == metrics_url
 
 
+@pytest.mark.parametrize(
+    "template, network",
+    [("inference-server-watchdog.service.j2", True), ("inference-server-gave-up.service.j2", False)],
+)
+def test_the_watchdogs_units_run_without_capabilities_on_a_read_only_system(tmp_path, template, network):
+    """Issue 44, item 6: root with ProtectSystem=full and every capability before; now what their work
+    needs (systemctl on systemd's private socket, the key file and the state as root's own files)."""
+    proc = template_run(tmp_path, template=template, inference_server_host="10.0.4.17")
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    unit = (tmp_path / "unit").read_text()
+    assert directives(unit, "ProtectSystem") == ["strict"] and directives(unit, "CapabilityBoundingSet") == [""]
+    assert directives(unit, "ReadWritePaths") == [
+        "/var/lib/inference-server-deploy /var/lib/node_exporter/textfile_collector"
+    ]
+    for name in ("NoNewPrivileges", "PrivateDevices", "PrivateTmp", "PrivateIPC", "ProtectKernelTunables"):
+        assert directives(unit, name) == ["yes"], name
+    assert directives(unit, "IPAddressDeny") == ["any"]
+    if network:
+        assert directives(unit, "RestrictAddressFamilies") == ["AF_UNIX AF_INET AF_INET6"]
+        assert directives(unit, "IPAddressAllow") == ["localhost"]
+    else:
+        assert directives(unit, "RestrictAddressFamilies") == ["AF_UNIX"] and directives(unit, "PrivateNetwork") == [
+            "yes"
+        ]
+
+
 @pytest.mark.parametrize("engine, after", [("sglang", ["nvidia-persistenced.service"]), ("transformers", [])])
 def test_the_unit_waits_for_its_mounts_and_the_gpu_daemon_and_records_a_give_up(tmp_path, engine, after):
     unit = render_unit(

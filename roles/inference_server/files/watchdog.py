@@ -282,7 +282,10 @@ def publish(config: dict[str, Any], update: Callable[[dict[str, Any]], None]) ->
         update(state)
         write_replacing(state_path, json.dumps(state, indent=2, sort_keys=True) + "\n", 0o600)
         if config.get("textfile"):
-            write_replacing(Path(config["textfile"]), render(state, config["unit"]), 0o644)
+            try:
+                write_replacing(Path(config["textfile"]), render(state, config["unit"]), 0o644)
+            except OSError as exc:  # node_exporter's directory, not ours: say so and keep probing
+                print(f"cannot write the textfile {config['textfile']}: {exc.strerror or exc}", file=sys.stderr)
     return state
 
 

@@ -450,11 +450,12 @@ One probe now, with a shorter deadline: write
 drafter's) revision directory (`inference_server_mounts_for`), so a late mount is waited for
 instead of crashed into; the SGLang unit is `After=`/`Wants=nvidia-persistenced.service`
 (`inference_server_after_units`; a host without that unit is unaffected, systemd ignores a
-`Wants=` of a unit that does not exist). The Faults table's two power cuts (`docker restart --time 1` of
-the host container, once while a deploy restarts the server and once after a deploy) show the
+`Wants=` of a unit that does not exist). The Faults table's two unclean stops (`docker restart --time 1`
+of the host container, once while a deploy restarts the server and once after a deploy) show the
 rest of a boot: `/run` is empty, so no deploy lock is left; systemd starts the unit on disk by
 itself; and the same deploy run again passes the gate and leaves the last-known-good unit equal
-to the running one.
+to the running one. They are no power cuts: the container's page cache survives them, so a write
+lost for want of an fsync cannot show there (the record writers' write-order test is what shows it).
 
 **The last-known-good record** is written whole into `last-known-good.staged` and exchanged
 with the live directory by one `renameat2(RENAME_EXCHANGE)` after an fsync

@@ -9,15 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from deploytools.systemd_unit import (
-    KINDS,
-    systemd_env_file,
-    systemd_env_file_line,
-    systemd_env_line,
-    systemd_exec_lines,
-    systemd_quote,
-    systemd_text,
-)
+from deploytools import systemd_unit
+from deploytools.systemd_unit import systemd_env_line, systemd_exec_lines, systemd_quote
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,15 +90,9 @@ def filters() -> dict:
     return module.FilterModule().filters()
 
 
-def test_the_filter_plugin_is_every_function_of_the_package():
-    assert filters() == {
-        "systemd_quote": systemd_quote,
-        "systemd_exec_lines": systemd_exec_lines,
-        "systemd_env_line": systemd_env_line,
-        "systemd_env_file_line": systemd_env_file_line,
-        "systemd_env_file": systemd_env_file,
-        "systemd_text": systemd_text,
-    }
+def test_the_filter_plugin_is_every_function_of_the_package_under_its_own_name():
+    package = {name: value for name, value in vars(systemd_unit).items() if name.startswith("systemd_")}
+    assert filters() == package and len(package) == 6
 
 
 # (kind, values that are one, values that are not): no value passes with a trailing newline.
@@ -145,15 +132,15 @@ def test_every_kind_takes_its_values_and_refuses_the_rest_naming_the_variable(ki
 
 
 def test_every_kind_is_tested():
-    assert {case[0] for case in KIND_CASES} == set(KINDS) - {"text", "setting"}
+    assert {case[0] for case in KIND_CASES} == set(systemd_unit.KINDS) - {"text", "setting"}
 
 
 def test_a_comment_takes_any_printable_text_and_a_setting_or_path_doubles_its_percent():
-    assert systemd_text("50% of 'it' $HOME", "x") == "50% of 'it' $HOME"
-    assert systemd_text("50%n", "x", "setting") == "50%%n"
-    assert systemd_text("/srv/100%n", "x", "path") == "/srv/100%%n"
+    assert systemd_unit.systemd_text("50% of 'it' $HOME", "x") == "50% of 'it' $HOME"
+    assert systemd_unit.systemd_text("50%n", "x", "setting") == "50%%n"
+    assert systemd_unit.systemd_text("/srv/100%n", "x", "path") == "/srv/100%%n"
     with pytest.raises(ValueError, match="knows no kind 'nope'"):
-        systemd_text("x", "x", "nope")
+        systemd_unit.systemd_text("x", "x", "nope")
 
 
 def test_a_word_of_the_command_line_names_its_variable():
@@ -179,7 +166,7 @@ def test_an_environment_file_line_gives_back_exactly_its_value(tmp_path, value):
 @pytest.mark.parametrize("value", ["a\nLD_PRELOAD=/tmp/evil.so", "tab\there", "cr\r", "del\x7f"])
 def test_an_environment_file_line_refuses_a_control_character_without_showing_the_value(value):
     with pytest.raises(ValueError) as refused:
-        systemd_env_file_line("SECRET", value, "inference_server_secrets")
+        systemd_unit.systemd_env_file_line("SECRET", value, "inference_server_secrets")
     message = str(refused.value)
     assert message.startswith("the value of SECRET in inference_server_secrets holds a control character")
     assert value not in message and "evil" not in message
@@ -188,7 +175,7 @@ def test_an_environment_file_line_refuses_a_control_character_without_showing_th
 @pytest.mark.parametrize("name", ["BAD-NAME", "X\n", "X\nLD_PRELOAD", "1X"])
 def test_an_environment_file_line_refuses_a_name_that_is_none(name):
     with pytest.raises(ValueError, match="^inference_server_secrets holds the name .* no environment variable name"):
-        systemd_env_file_line(name, "v", "inference_server_secrets")
+        systemd_unit.systemd_env_file_line(name, "v", "inference_server_secrets")
 
 
 def test_an_environment_file_is_its_lines_sorted_by_name(tmp_path):

@@ -204,6 +204,33 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
     return (tmp_path / "unit").read_text()
 
 
+# The repository's Ansible configuration, its filters and roles, quiet about the inline inventory.
+PLAY_ENV = {
+    "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+    "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
+    "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+    "ANSIBLE_LOCALHOST_WARNING": "False",
+    "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
+}
+
+
+def localhost_play(
+    tmp_path: Path, task: dict[str, Any], variables: dict[str, Any], vars_files: list[Path] = (), json_out: bool = False
+) -> subprocess.CompletedProcess:
+    """ansible-playbook with one ``task`` on localhost, as the repository's configuration runs it (its
+    filters and roles), with ``variables`` as extra vars and the play's ``vars_files``; ``json_out`` prints
+    the json callback's report instead of the default output."""
+    play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(f) for f in vars_files], "tasks": [task]}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    env = {**os.environ, **PLAY_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    if json_out:
+        env["ANSIBLE_STDOUT_CALLBACK"] = "json"
+    argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
+    argv += ["-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}"]
+    return subprocess.run([*argv, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
 def template_run(
     tmp_path: Path, template: str = "inference-server.service.j2", role: str = "inference_server", **extra: Any
 ) -> subprocess.CompletedProcess:
@@ -220,34 +247,11 @@ def template_run(
         "inference_server_engine": "transformers",
         **extra,
     }
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(role_dir / "defaults" / "main.yml"), str(role_dir / "vars" / "main.yml")],
-            "tasks": [
-                {
-                    "name": "Render the template",
-                    "ansible.builtin.template": {
-                        "src": str(role_dir / "templates" / template),
-                        "dest": str(tmp_path / "unit"),
-                        "mode": "0644",
-                    },
-                }
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    # fmt: off
-    (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
-                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
-    # fmt: on
-    return proc
+    source, dest = role_dir / "templates" / template, tmp_path / "unit"
+    task = {"name": "Render the template", "ansible.builtin.template": {"src": str(source), "dest": str(dest)}}
+    return localhost_play(
+        tmp_path, task, variables, [role_dir / "defaults" / "main.yml", role_dir / "vars" / "main.yml"]
+    )
 
 
 def directives(unit: str, name: str) -> list[str]:

@@ -9,13 +9,10 @@ templates and defaults, rendered by ansible-playbook; the one derivation, deploy
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from deploytools.probe_url import probe_host, probe_url
-from test_drain import BIN, REPO, directives, render_unit, template_run
+from test_drain import REPO, directives, localhost_play, render_unit, template_run
 
 # (inference_server_host, the base URL the host's probes must use)
 BINDS = [
@@ -65,23 +62,9 @@ def test_the_watchdog_asks_where_the_server_listens(tmp_path, bind, url):
 
 def gate_url(tmp_path, **variables) -> str:
     """health_gate_url as the gate's defaults derive it from the inventory's variables."""
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(REPO / "roles" / "health_gate" / "defaults" / "main.yml")],
-            "tasks": [{"name": "Show", "ansible.builtin.debug": {"msg": "{{ health_gate_url }}"}}],
-        }
-    ]
-    (tmp_path / "gate.yml").write_text(json.dumps(play))
-    # fmt: off
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="json",
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={sys.executable}", "-e", json.dumps(variables),
-                           str(tmp_path / "gate.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
-    # fmt: on
+    task = {"name": "Show", "ansible.builtin.debug": {"msg": "{{ health_gate_url }}"}}
+    defaults = REPO / "roles" / "health_gate" / "defaults" / "main.yml"
+    proc = localhost_play(tmp_path, task, variables, [defaults], json_out=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"][0]["hosts"]["localhost"]
     return result["msg"].strip()

@@ -6,13 +6,10 @@ ansible-playbook as a deploy renders them; issue 44, item 3."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 
 import pytest
-from test_drain import BIN, REPO, directives, render_unit, template_run
+from test_drain import directives, localhost_play, render_unit, template_run
 
 INJECTED = "ExecStartPre=+/usr/bin/touch /tmp/pwned"
 # The issue's repro: a unit name in inference_server_after_units that brings its own [Service] lines.
@@ -213,31 +210,13 @@ def test_the_gateways_key_file_keeps_a_safe_key_as_it_was(tmp_path):
 def precheck_run(tmp_path, **extra) -> subprocess.CompletedProcess:
     """inference_server's precheck.yml (the deploy's input checks, before anything changes on the host) on
     localhost, as deploy-checks.yml imports it; no model config, so the launch plan waits for the sync."""
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "tasks": [
-                {
-                    "name": "Check the inputs",
-                    "ansible.builtin.import_role": {"name": "inference_server", "tasks_from": "precheck.yml"},
-                }
-            ],
-        }
-    ]
-    (tmp_path / "precheck.yml").write_text(json.dumps(play))
-    (tmp_path / "precheck-vars.json").write_text(
-        json.dumps({"inference_server_engine": "transformers", "model_sync_source_config": {}, **extra})
+    task = {
+        "name": "Check the inputs",
+        "ansible.builtin.import_role": {"name": "inference_server", "tasks_from": "precheck.yml"},
+    }
+    return localhost_play(
+        tmp_path, task, {"inference_server_engine": "transformers", "model_sync_source_config": {}, **extra}
     )
-    # fmt: off
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), PATH=f"{BIN}:{os.environ['PATH']}")
-    return subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={sys.executable}",
-                           "-e", f"@{tmp_path / 'precheck-vars.json'}", str(tmp_path / "precheck.yml")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path)
-    # fmt: on
 
 
 def test_the_issues_repro_is_refused_by_the_precheck_naming_the_variable(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploytools.probe_url import probe_host, probe_url
+from deploytools.probe_url import probe_url
 
 
 class FilterModule:
@@ -15,4 +15,4 @@ class FilterModule:
 
     def filters(self) -> dict[str, Any]:
         """Map filter names to functions."""
-        return {"probe_host": probe_host, "probe_url": probe_url}
+        return {"probe_url": probe_url}

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from gate_fakes import free_port
 from rehearsal_engine import MODEL, start_server, wait_health
+from role_files import ansible_env
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "inference_server"
@@ -204,16 +205,6 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
     return (tmp_path / "unit").read_text()
 
 
-# The repository's Ansible configuration, its filters and roles, quiet about the inline inventory.
-PLAY_ENV = {
-    "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-    "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
-    "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-    "ANSIBLE_LOCALHOST_WARNING": "False",
-    "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
-}
-
-
 def localhost_play(
     tmp_path: Path, task: dict[str, Any], variables: dict[str, Any], vars_files: list[Path] = (), json_out: bool = False
 ) -> subprocess.CompletedProcess:
@@ -223,11 +214,8 @@ def localhost_play(
     play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(f) for f in vars_files], "tasks": [task]}]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = {**os.environ, **PLAY_ENV, "PATH": f"{BIN}:{os.environ['PATH']}"}
-    if json_out:
-        env["ANSIBLE_STDOUT_CALLBACK"] = "json"
-    argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local"]
-    argv += ["-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}"]
+    env = ansible_env(PATH=f"{BIN}:{os.environ['PATH']}", **({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_out else {}))
+    argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", f"@{tmp_path / 'vars.json'}"]
     return subprocess.run([*argv, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
 
 

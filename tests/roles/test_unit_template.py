@@ -9,7 +9,8 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_drain import directives, localhost_play, render_unit, template_run
+from role_files import run_role_tasks
+from test_drain import directives, render_unit, template_run
 
 INJECTED = "ExecStartPre=+/usr/bin/touch /tmp/pwned"
 # The issue's repro: a unit name in inference_server_after_units that brings its own [Service] lines.
@@ -209,14 +210,9 @@ def test_the_gateways_key_file_keeps_a_safe_key_as_it_was(tmp_path):
 
 def precheck_run(tmp_path, **extra) -> subprocess.CompletedProcess:
     """inference_server's precheck.yml (the deploy's input checks, before anything changes on the host) on
-    localhost, as deploy-checks.yml imports it; no model config, so the launch plan waits for the sync."""
-    task = {
-        "name": "Check the inputs",
-        "ansible.builtin.import_role": {"name": "inference_server", "tasks_from": "precheck.yml"},
-    }
-    return localhost_play(
-        tmp_path, task, {"inference_server_engine": "transformers", "model_sync_source_config": {}, **extra}
-    )
+    localhost; no model config, so the launch plan waits for the sync."""
+    variables = {"inference_server_engine": "transformers", "model_sync_source_config": {}, **extra}
+    return run_role_tasks(tmp_path, variables, ["precheck.yml"], check_mode=False)
 
 
 def test_the_issues_repro_is_refused_by_the_precheck_naming_the_variable(tmp_path):

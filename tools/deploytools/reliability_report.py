@@ -422,13 +422,13 @@ generation of one token, each within `inference_server_watchdog_deadline_s` (30 
 API key read from the unit's own key file (sent as the Bearer header, never printed), at the
 address the server listens on (`inference_server_host`; a wildcard on its own family's
 loopback). A probe that missed its deadline is told apart from a hang by the engine's own
-counters: SGLang's `/metrics` (with `enable_metrics`, as `group_vars/sglang_servers.yml` sets it)
+counters: SGLang's `/metrics` (with `inference_server_enable_metrics`, as `group_vars/sglang_servers.yml` sets it)
 read just before the probe and again after it; when `sglang:generation_tokens_total` plus
 `sglang:realtime_tokens_total` grew meanwhile, the probe waited behind running requests and is
 "busy" (`llm_watchdog_probe_busy`, `llm_watchdog_busy_probes_total`), not a failure, and it ends
 a run of failures as an answer would. The running and queued requests are named but do not
 decide (a hung scheduler leaves its gauges as they were). An engine without metrics
-(transformers serve, SGLang without `enable_metrics`) keeps the rule as it was: a missed
+(transformers serve, SGLang without `inference_server_enable_metrics`) keeps the rule as it was: a missed
 deadline is a failure. After `inference_server_watchdog_failures` (2) failed probes in a row it
 restarts the server the way a deploy does, `systemctl restart --no-block` (SIGTERM to the main
 process, the drain bounded by `TimeoutStopSec`; systemd follows SIGTERM with SIGCONT, so a

@@ -251,3 +251,11 @@ def test_the_precheck_passes_the_values_a_host_really_has(tmp_path):
         inference_server_allowed_sources=["10.0.4.0/24", "2001:db8::/32"],
     )
     assert proc.returncode == 0, refusal(proc)[-2000:]
+
+
+def test_the_replaced_limit_variable_is_refused_naming_its_successor(tmp_path):
+    out = refusal(precheck_run(tmp_path, inference_server_limit_nofile=1048576))
+    assert (
+        "inference_server_limit_nofile (1048576) is no longer read: the unit's resource limits are one mapping now; "
+        "set inference_server_limits to {LimitCORE: 0, LimitNOFILE: 1048576} instead." in out
+    ), out[-2000:]

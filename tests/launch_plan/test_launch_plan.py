@@ -447,7 +447,11 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
     )
     expected = {
         "launch_plan": "['launch_plan', 'memory_budget']",
-        "systemd_unit": "['systemd_env_line', 'systemd_exec_lines', 'systemd_quote', 'systemd_text']",
+        "systemd_unit": (
+            "['systemd_env_file', 'systemd_env_file_line', 'systemd_env_line', 'systemd_exec_lines', 'systemd_quote', "
+            "'systemd_text']"
+        ),
+        "probe_url": "['probe_url']",
         "model_layout": "['model_current_link', 'model_serving_path']",
     }
     for name, filters in expected.items():

@@ -64,22 +64,29 @@ def run_role_tasks(
         + "\n"
     )
     (tmp_path / "facts.json").write_text(json.dumps(variables))
-    env = {
+    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
+    env = ansible_env(**({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_output else {}))
+    return subprocess.run(
+        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False, umask=umask
+    )
+
+
+def ansible_env(**more: str) -> dict[str, str]:
+    """The environment of an ansible-playbook run on localhost: the repository's ansible.cfg, roles and
+    filters, modules run by this test's Python, quiet about the inline inventory; and ``more``."""
+    return {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
         "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "DEPLOY_CACHE_DIR": os.environ.get("DEPLOY_CACHE_DIR") or str(REPO / ".cache"),
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
-        **({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_output else {}),
+        **more,
     }
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
-    return subprocess.run(
-        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False, umask=umask
-    )
 
 
 def task_results(run: subprocess.CompletedProcess) -> list[tuple[str, dict[str, Any]]]:

@@ -1,5 +1,6 @@
-"""Security refusals of issue 26, each a real deploy.yml run against the serving container, recorded
-in the bad-input table: a control character from a model's config.json, a service account that
+"""Security refusals of issues 26 and 44, each a real deploy.yml run against the serving container, recorded
+in the bad-input table: a control character from a model's config.json or in a unit name of
+inference_server_after_units (issue 44's repro), a service account that
 cannot reach its venv, root without asking for it, a Hugging Face token in the engine's environment
 or in its secrets, a tampered wheel in the wheelhouse (the modes of the deploy's own state are in
 test_4_files.py); and of issue 44: a link the service account put where its cache directory must be
@@ -71,6 +72,13 @@ def cases(work: Path) -> list[Case]:
              r"comes from the model's config\.json\['architectures'\]\[0\]; remove it there before anything is "
              r"written\.",
              extra={"model_sync_source": {"type": "controller_dir", "path": str(work / "tiny-newline")}}),
+        Case("after-units-newline", "a unit name with a newline and [Service] lines in inference_server_after_units",
+             "issue 44's repro: `-e '{\"inference_server_after_units\": [\"x.service\\n[Service]\\n"
+             "ExecStartPre=+/usr/bin/touch /tmp/pwned\"]}'` (on main the unit got the line twice, root made "
+             "/tmp/pwned and the gate passed)",
+             r"inference_server_after_units 'x\.service\\n\[Service\]\\nExecStartPre=\+/usr/bin/touch /tmp/pwned' "
+             r"holds a control character, which would break the lines of a systemd unit: remove it\.",
+             extra={"inference_server_after_units": [f"x.service\n[Service]{INJECTION.rstrip()}"]}),
         Case("service-user-no-venv", "a service account that cannot reach the venv (an adopted root host's path)",
              "`-e ml_env_path=/root/ml-env` (/root is 0700 root:root) with the service account `inference`",
              r"inference_server_user inference cannot reach ml_env_path /root/ml-env \(/root is 0700 root:root, it "
@@ -163,7 +171,7 @@ def test_security_input_is_refused_before_the_server_changes(
     case_id: str, work: Path, deployer: Deployer, good_state: dict
 ) -> None:
     refuse(next(c for c in cases(work) if c.id == case_id), deployer)
-    if case_id == "control-character":
+    if case_id in ("control-character", "after-units-newline"):
         assert sh("test -e /tmp/pwned && echo PWNED || echo clean").strip() == "clean"
         assert "ExecStartPre=+/usr/bin/touch" not in sh(f"cat /etc/systemd/system/{UNIT}.service")
     if case_id == "service-link":

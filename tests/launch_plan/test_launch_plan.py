@@ -446,7 +446,7 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
         "print(sorted(module.FilterModule().filters()))\n"
     )
     expected = {
-        "launch_plan": "['launch_plan', 'memory_budget']",
+        "launch_plan": "['launch_plan', 'memory_budget', 'root_only_environment']",
         "systemd_unit": (
             "['systemd_env_file', 'systemd_env_file_line', 'systemd_env_line', 'systemd_exec_lines', 'systemd_quote', "
             "'systemd_text']"

@@ -1,4 +1,4 @@
-"""Ansible filters ``launch_plan`` and ``memory_budget`` (documented in launch_plan.yml).
+"""Ansible filters ``launch_plan`` (documented in launch_plan.yml), ``memory_budget`` and ``root_only_environment``.
 
 The plan and the budget are the package ``deploytools.launch_plan`` (tools/deploytools, installed in
 the controller's venv by ``make setup``); these filters turn its refusals into
@@ -12,6 +12,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from deploytools.launch_plan.budget import Launch, compute_budget, geometry
+from deploytools.launch_plan.common import root_only_environment
 from deploytools.launch_plan.errors import PlanError
 from deploytools.launch_plan.plan import build_plan
 
@@ -39,4 +40,9 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         """Map filter names to functions."""
-        return {"launch_plan": launch_plan, "memory_budget": memory_budget}
+        return {
+            "launch_plan": launch_plan,
+            "memory_budget": memory_budget,
+            # The plan's env for the engine's check, which root runs (tasks/validate.yml).
+            "root_only_environment": root_only_environment,
+        }

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +53,16 @@ def repo() -> Path:
 def cache_dir() -> Path:
     """The controller cache (DEPLOY_CACHE_DIR, default <repo>/.cache) built by make."""
     return Path(os.environ.get("DEPLOY_CACHE_DIR", REPO / ".cache"))
+
+
+@pytest.fixture
+def searchable_tmp() -> Iterator[Path]:
+    """A directory under /tmp that every account can search (pytest's tmp_path sits under a 0700
+    directory of root), for the tests that try another account on real files, then removed."""
+    path = Path(tempfile.mkdtemp(prefix="pytest-searchable-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
 
 
 # The gate's fake server (tests/shared/gate_fakes.py) as a fixture: the health gate's tests

@@ -446,8 +446,12 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
         "print(sorted(module.FilterModule().filters()))\n"
     )
     expected = {
-        "launch_plan": "['launch_plan', 'memory_budget']",
-        "systemd_unit": "['systemd_env_line', 'systemd_exec_lines', 'systemd_quote', 'systemd_text']",
+        "launch_plan": "['launch_plan', 'memory_budget', 'root_only_environment']",
+        "systemd_unit": (
+            "['systemd_env_file', 'systemd_env_file_line', 'systemd_env_line', 'systemd_exec_lines', 'systemd_quote', "
+            "'systemd_text']"
+        ),
+        "probe_url": "['probe_url']",
         "model_layout": "['model_current_link', 'model_serving_path']",
     }
     for name, filters in expected.items():

@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+import durability
 import pytest
 from model_sync_lib import checks, compact_json, diff, fetch_hub, fs, hashing, install
 from model_sync_lib.common import TMP_PREFIX, SyncError
@@ -231,40 +232,35 @@ def test_start_writeback_leaves_a_file_intact_and_tolerates_a_libc_without_it(tm
         os.close(fd)
 
 
-def test_every_file_is_fsynced_before_its_revision_is_published(tmp_path, monkeypatch):
-    """A revision's data is on disk before revisions/<rev> and current can name it."""
+DROPS = pytest.mark.parametrize(
+    "drop", ["", "file", "directory"], ids=["as-written", "no-file-fsync", "no-directory-fsync"]
+)
+
+
+@DROPS
+def test_a_revision_and_the_current_switch_survive_a_power_cut(tmp_path, monkeypatch, drop):
+    """A revision's files and names are on disk before revisions/<rev> and current can name it, and both names after."""
     src = make_model(tmp_path / "src")
-    events: list[tuple[str, object]] = []
-    real_fsync, real_rename = os.fsync, os.rename
-
-    def fsync(fd):
-        st = os.fstat(fd)
-        if stat_is_file(st):
-            events.append(("fsync", (st.st_dev, st.st_ino)))
-        return real_fsync(fd)
-
-    def rename(a, b, *args, **kw):
-        events.append(("rename", str(b)))
-        return real_rename(a, b, *args, **kw)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(os, "rename", rename)
-    res = deploy(tmp_path, src)
-    revision = tmp_path / "dest/m/revisions" / res["revision"]
-    published = events.index(("rename", str(revision)))
-    synced = {key for kind, key in events[:published] if kind == "fsync"}
-    files = [f for f in revision.iterdir() if f.is_file()]
-    assert len(files) == len(list(src.iterdir()))
-    for f in files:
-        st = f.stat()
-        assert (st.st_dev, st.st_ino) in synced, f"{f.name} was not fsynced before {revision} was published"
+    with durability.recorded(monkeypatch, drop=drop) as events:
+        res = deploy(tmp_path, src)
+    dest = tmp_path / "dest/m"
+    revision = dest / "revisions" / res["revision"]
+    assert len([f for f in revision.iterdir() if f.is_file()]) == len(list(src.iterdir()))
+    lost = durability.lost_on_power_cut(events, str(revision)) + durability.lost_on_power_cut(
+        events, str(dest / "current")
+    )
+    assert bool(lost) == bool(drop), lost
 
 
-def stat_is_file(st: os.stat_result) -> bool:
-    """A regular file (not the directories the engine also fsyncs)."""
-    import stat as stat_mod
-
-    return stat_mod.S_ISREG(st.st_mode)
+@DROPS
+def test_a_file_written_whole_survives_a_power_cut(tmp_path, monkeypatch, drop):
+    """fs.atomic_write: the sha256 cache and the command's files on the host (install)."""
+    (tmp_path / "state").write_bytes(b"old")
+    with durability.recorded(monkeypatch, drop=drop) as events:
+        fs.atomic_write(str(tmp_path / "state"), b"new")
+    assert (tmp_path / "state").read_bytes() == b"new"
+    lost = durability.lost_on_power_cut(events, str(tmp_path / "state"))
+    assert bool(lost) == bool(drop), lost
 
 
 # ----------------------------------------------------------------- sync, switch, prune

@@ -10,15 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import durability
 import pytest
 import yaml
-from role_files import import_file
+from role_files import as_module_utils, import_file, run_module_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/converged"
 BIN = Path(sys.executable).parent
 SECRET = "not-a-real-secret-0f6c2a9e"  # a value that must never be printed
 
+as_module_utils("llm_host_lib.durable")
 cs = import_file(ROLE / "library" / "converged_state.py")
 # The roles whose inputs a deploy fingerprints (converged_roles).
 CONVERGED_ROLES = yaml.safe_load((ROLE / "defaults/main.yml").read_text())["converged_roles"]
@@ -217,12 +219,7 @@ def run_module(params: dict, check_mode: bool = False) -> dict:
     """Run the module as Ansible does (arguments in a file) and return its JSON result."""
     args = Path(params["path"]).parent.parent / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**params, "_ansible_check_mode": check_mode}}))
-    proc = subprocess.run(
-        [sys.executable, str(ROLE / "library/converged_state.py"), str(args)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = run_module_file(ROLE / "library/converged_state.py", args, "llm_host_lib.durable")
     return json.loads(proc.stdout)
 
 
@@ -381,3 +378,15 @@ def test_a_variable_that_cannot_be_resolved_yet_is_an_input_that_is_stable(tmp_p
     first, _ = fingerprint(tmp_path, pending)
     assert fingerprint(tmp_path, pending)[0] == first
     assert changed_parts(first, fingerprint(tmp_path, BASE)[0]) == ["variables of role r"]
+
+
+@pytest.mark.parametrize("drop", ["", "file", "directory"], ids=["as-written", "no-file-fsync", "no-directory-fsync"])
+def test_the_record_survives_a_power_cut_once_written(host, monkeypatch, drop):
+    """The record, the copy kept as last-known-good's and the one put back: fsync, rename, fsync of the directory."""
+    params, good = host["params"], host["params"]["path"] + cs.GOOD_SUFFIX
+    with durability.recorded(monkeypatch, drop=drop) as events:
+        cs.write_record(params["path"], cs.take_record(params))
+    with durability.recorded(monkeypatch, drop=drop) as kept:
+        cs.copy_record(params["path"], good)
+    lost = durability.lost_on_power_cut(events, params["path"]) + durability.lost_on_power_cut(kept, good)
+    assert bool(lost) == bool(drop), lost

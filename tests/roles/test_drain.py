@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from gate_fakes import free_port
 from rehearsal_engine import MODEL, start_server, wait_health
+from role_files import ansible_env
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "inference_server"
@@ -204,8 +205,26 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
     return (tmp_path / "unit").read_text()
 
 
-def template_run(tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess:
-    """The ansible-playbook run that renders the unit template to ``tmp_path / "unit"``."""
+def localhost_play(
+    tmp_path: Path, task: dict[str, Any], variables: dict[str, Any], vars_files: list[Path] = (), json_out: bool = False
+) -> subprocess.CompletedProcess:
+    """ansible-playbook with one ``task`` on localhost, as the repository's configuration runs it (its
+    filters and roles), with ``variables`` as extra vars and the play's ``vars_files``; ``json_out`` prints
+    the json callback's report instead of the default output."""
+    play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(f) for f in vars_files], "tasks": [task]}]
+    (tmp_path / "play.yml").write_text(json.dumps(play))
+    (tmp_path / "vars.json").write_text(json.dumps(variables))
+    env = ansible_env(PATH=f"{BIN}:{os.environ['PATH']}", **({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_out else {}))
+    argv = [str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", f"@{tmp_path / 'vars.json'}"]
+    return subprocess.run([*argv, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
+
+
+def template_run(
+    tmp_path: Path, template: str = "inference-server.service.j2", role: str = "inference_server", **extra: Any
+) -> subprocess.CompletedProcess:
+    """The ansible-playbook run that renders a template of ``role`` (the server's unit unless told) with the
+    role's defaults and vars (and ``extra``) to ``tmp_path / "unit"``."""
+    role_dir = REPO / "roles" / role
     variables = {
         "inference_server_plan": {
             "argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
@@ -216,34 +235,11 @@ def template_run(tmp_path: Path, **extra: Any) -> subprocess.CompletedProcess:
         "inference_server_engine": "transformers",
         **extra,
     }
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars_files": [str(ROLE / "defaults" / "main.yml"), str(ROLE / "vars" / "main.yml")],
-            "tasks": [
-                {
-                    "name": "Render the unit",
-                    "ansible.builtin.template": {
-                        "src": str(ROLE / "templates" / "inference-server.service.j2"),
-                        "dest": str(tmp_path / "unit"),
-                        "mode": "0644",
-                    },
-                }
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    # fmt: off
-    (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-               ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"), ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", PATH=f"{BIN}:{os.environ['PATH']}")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                           "-e", f"ansible_python_interpreter={sys.executable}", "-e", f"@{tmp_path / 'vars.json'}",
-                           str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
-    # fmt: on
-    return proc
+    source, dest = role_dir / "templates" / template, tmp_path / "unit"
+    task = {"name": "Render the template", "ansible.builtin.template": {"src": str(source), "dest": str(dest)}}
+    return localhost_play(
+        tmp_path, task, variables, [role_dir / "defaults" / "main.yml", role_dir / "vars" / "main.yml"]
+    )
 
 
 def directives(unit: str, name: str) -> list[str]:

@@ -11,7 +11,6 @@ the refusal comes before anything would be restarted). The molecule scenarios ``
 from __future__ import annotations
 
 import errno
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,9 +18,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import durability
 import pytest
+from role_files import REPO, as_module_utils, import_file, run_role_tasks
 
-REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "inference_server"
 BIN = Path(sys.executable).parent
 # ansible-playbook against localhost, its modules run by this test's Python.
@@ -33,10 +33,8 @@ LOCALHOST_PLAYBOOK = [
 
 def load() -> ModuleType:
     """library/last_known_good.py as a Python module."""
-    spec = importlib.util.spec_from_file_location("last_known_good", ROLE / "library" / "last_known_good.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    as_module_utils("llm_host_lib.durable")
+    return import_file(ROLE / "library" / "last_known_good.py")
 
 
 def record(path: Path, **files: str) -> Path:
@@ -83,7 +81,7 @@ def test_without_rename_exchange_the_record_is_still_replaced_whole(tmp_path, mo
     def unsupported(a: str, b: str) -> None:
         raise OSError(errno.EINVAL, "no RENAME_EXCHANGE", a)
 
-    monkeypatch.setattr(module, "exchange", unsupported)
+    monkeypatch.setattr(module.durable, "exchange", unsupported)
     live = record(tmp_path / "lkg", unit_service="u1", state_json="{1}")
     staged = record(tmp_path / "lkg.staged", unit_service="u2", state_json="{2}")
     assert module.commit(str(staged), str(live)) is True
@@ -149,7 +147,13 @@ def run_module(tmp_path: Path, *extra: str) -> dict:
         }
     ]
     (tmp_path / "play.yml").write_text(json.dumps(play))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_LIBRARY=str(ROLE / "library"))
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        ANSIBLE_LIBRARY=str(ROLE / "library"),
+        # What the role gets from its dependency llm_host (the package's durable writes).
+        ANSIBLE_MODULE_UTILS=str(REPO / "roles" / "llm_host" / "module_utils"),
+    )
     run = subprocess.run(
         [*LOCALHOST_PLAYBOOK, *extra, str(tmp_path / "play.yml")],
         capture_output=True,
@@ -185,31 +189,7 @@ def rollback(tmp_path: Path, state: dict) -> subprocess.CompletedProcess:
         "inference_server_rollback_reason": "The gate failed.",
         "inference_server_plan": {"argv": [], "env": {}, "notes": []},
     }
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "tasks": [
-                {
-                    "name": "Roll back",
-                    "ansible.builtin.include_role": {"name": "inference_server", "tasks_from": "rollback.yml"},
-                }
-            ],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(json.dumps(play))
-    (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
-        ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-        ANSIBLE_FILTER_PLUGINS=str(REPO / "filter_plugins"),
-        ANSIBLE_LOCALHOST_WARNING="False",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
-        PATH=f"{BIN}:{os.environ['PATH']}",
-    )
-    cmd = [*LOCALHOST_PLAYBOOK, "-e", f"@{tmp_path / 'vars.json'}", str(tmp_path / "play.yml")]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    return run_role_tasks(tmp_path, variables, ["rollback.yml"], check_mode=False)
 
 
 @pytest.mark.parametrize("missing", ["venv", "model"])
@@ -234,3 +214,17 @@ def test_a_rollback_to_a_record_whose_files_are_gone_is_refused_before_the_links
         in " ".join(run.stdout.split())
     ), run.stdout[-3000:]
     assert os.readlink(link) == str(tmp_path / "venv-new"), "the venv link must not move to a missing directory"
+
+
+@pytest.mark.parametrize("drop", ["", "file", "directory"], ids=["as-written", "no-file-fsync", "no-directory-fsync"])
+@pytest.mark.parametrize("first", [True, False], ids=["first-record", "exchanged"])
+def test_the_record_survives_a_power_cut_once_written(tmp_path, monkeypatch, first, drop):
+    """Each staged file and the staged directory on disk before the exchange, the deploy directory after it."""
+    module, live = load(), tmp_path / "lkg"
+    if not first:
+        record(live, unit_service="u1", state_json="{1}")
+    with durability.recorded(monkeypatch, exchanges=((module.durable, "exchange"),), drop=drop) as events:
+        module.stage(str(tmp_path / "lkg.staged"), {"unit.service": b"u2", "state.json": b"{2}"})
+        assert module.commit(str(tmp_path / "lkg.staged"), str(live)) is True
+    lost = durability.lost_on_power_cut(events, str(live))
+    assert bool(lost) == bool(drop), lost

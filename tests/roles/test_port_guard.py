@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import durability
 import pytest
 import yaml
 from llm_host_lib import guard, install
@@ -211,3 +212,13 @@ def test_a_stopped_unit_has_nothing_pending(tmp_path):
     unit = tmp_path / "unit"
     unit.write_text("x")
     assert started_before(tmp_path, ago=30, pid=0, files=[unit]) == {"active": False, "started": None, "newer": []}
+
+
+@pytest.mark.parametrize("drop", ["", "file", "directory"], ids=["as-written", "no-file-fsync", "no-directory-fsync"])
+def test_the_guards_modules_survive_a_power_cut_once_installed(tmp_path, monkeypatch, drop):
+    """ExecStartPre=+ runs them as root at the next boot: each is on disk whole when install returns."""
+    with durability.recorded(monkeypatch, drop=drop) as events:
+        install.install(str(tmp_path), ["__init__.py", "guard.py"])
+    lost = [problem for name in ("__init__.py", "guard.py") for problem in
+            durability.lost_on_power_cut(events, str(tmp_path / "llm_host_lib" / name))]  # fmt: skip
+    assert bool(lost) == bool(drop), lost

@@ -9,11 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from role_files import run_role_tasks, task_results
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "roles/inference_server/files/service-access.py"
@@ -37,12 +36,9 @@ def kernel_allows(path: Path, test: str) -> bool:
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A world-searchable directory (pytest's tmp_path sits under a 0700 directory of root)."""
-    path = Path(tempfile.mkdtemp(prefix="service-access-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
+def base(searchable_tmp: Path) -> Path:
+    """The tree's root: a directory every account can search."""
+    return searchable_tmp
 
 
 def tree(base: Path, home_mode: int) -> tuple[Path, Path]:
@@ -125,3 +121,90 @@ def test_device_nodes_name_their_group_when_not_world_read_write(base):
         subprocess.run(["getent", "group", "44"], capture_output=True, text=True).stdout.split(":")[0] or "44"
     ]
     assert [(p["path"], p["mode"]) for p in found["device_problems"]] == [(str(base / "nvidiactl"), "0600")]
+
+
+def venv_under(base: Path, umask: int) -> Path:
+    """A real venv (no pip) made under ``umask``, at ``<base>/opt/ml-env.d/<hash>`` as ml_env makes it."""
+    venv = base / "opt" / "ml-env.d" / "0123456789ab"
+    venv.parent.mkdir(parents=True)
+    for path in (base / "opt", venv.parent):
+        path.chmod(0o755)
+    make = f"umask {umask:03o} && exec /usr/bin/python3 -m venv --without-pip {venv}"
+    subprocess.run(["sh", "-c", make], check=True)
+    return venv
+
+
+def kernel_runs(venv: Path) -> bool:
+    """Whether nobody runs the venv's python as that venv and lists its site-packages, for real."""
+    # Debian's site.getsitepackages() also names dist-packages directories that need not exist.
+    code = "import os, site, sys; assert sys.prefix == sys.argv[1]"
+    code += "; [os.listdir(p) for p in site.getsitepackages() if os.path.exists(p)]"
+    argv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(venv / "bin" / "python")]
+    return subprocess.run([*argv, "-c", code, str(venv)], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("closed", ["umask 077", "pyvenv.cfg", "site-packages"])
+def test_a_venv_the_account_cannot_run_is_refused_where_the_kernel_refuses(base, closed):
+    """Issue 44: built under root's umask 077 (or closed in part), the venv fails the start with 203/EXEC."""
+    venv = venv_under(base, 0o077 if closed == "umask 077" else 0o022)
+    site_packages = next(venv.glob("lib/python3*/site-packages"))
+    blocked = {"umask 077": (venv, "search (x)"), "pyvenv.cfg": (venv / "pyvenv.cfg", "read")}
+    blocked["site-packages"] = (site_packages, "read")
+    (venv / "pyvenv.cfg").chmod(0o600 if closed == "pyvenv.cfg" else 0o644)
+    site_packages.chmod(0o700 if closed != "pyvenv.cfg" else 0o755)
+    found = access(f"--venv=ml_env_path={venv}")
+    assert not kernel_runs(venv)
+    assert [(p["variable"], p["path"], p["blocked_at"], p["need"]) for p in found["venv_problems"]] == [
+        ("ml_env_path", str(venv), str(blocked[closed][0]), blocked[closed][1])
+    ]
+    assert found["problems"] == []
+
+
+def test_a_venv_built_under_umask_022_passes_as_it_does_for_the_kernel_and_one_not_built_yet_too(base):
+    venv = venv_under(base, 0o022)
+    found = access(f"--venv=ml_env_path={venv}", f"--venv=ml_env_path={venv.parent / 'not-built-yet'}")
+    assert found["venv_problems"] == [] and found["problems"] == []
+    assert kernel_runs(venv)
+
+
+def test_a_venv_beyond_a_closed_directory_is_a_problem_of_reach(base):
+    venv = venv_under(base, 0o022)
+    (base / "opt").chmod(0o700)
+    found = access(f"--venv=ml_env_path={venv}")
+    assert [(p["variable"], p["blocked_at"]) for p in found["problems"]] == [("ml_env_path", str(base / "opt"))]
+    assert found["venv_problems"] == []
+
+
+def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_anything_changes(base):
+    """tasks/access.yml as deploy.yml runs it (ansible-playbook on localhost), nobody as the account."""
+    venv = venv_under(base, 0o077)
+    (base / "opt" / "ml-env").symlink_to(venv)
+    model = base / "srv" / "model"
+    model.mkdir(parents=True)
+    for path in (base / "srv", model):
+        path.chmod(0o755)
+    (base / "controller").mkdir()
+    variables = {
+        "inference_server_user": "nobody",
+        "inference_server_group": "nogroup",
+        "inference_server_supplementary_groups": [],
+        "inference_server_gpu_devices": [],
+        "inference_server_state_dir": str(base / "state"),
+        "inference_server_cache_dir": str(base / "cache"),
+        "ml_env_path": str(base / "opt" / "ml-env"),
+        "ml_env_venv_dir": str(venv),
+        "model_sync_source": {"type": "host_path", "path": str(model)},
+        "model_sync_root": str(base / "srv"),
+        "model_sync_name": "model",
+    }
+    run = run_role_tasks(base / "controller", variables, ["access.yml"], check_mode=False, json_output=True)
+    failed = [result for _, result in task_results(run) if result.get("failed")]
+    assert run.returncode != 0 and failed, run.stdout[-3000:]
+    link = base / "opt" / "ml-env"
+    assert " ".join(failed[-1]["msg"].split()) == (
+        f"inference_server_user nobody cannot run the python of ml_env_path's venv {link} ({link} is 0700 "
+        "root:root, it needs search (x)), so the server could not start (203/EXEC): open the venv to other accounts "
+        f"with chmod -R go+rX {link} (it was built under a umask that closed it; ml_env builds venvs open since "
+        "issue 44) or remove it so that ml_env builds it again; nothing was stopped or changed."
+    )
+    assert not (base / "state").exists() and not (base / "cache").exists()

@@ -7,6 +7,7 @@ them from where they are, without putting their folder on ``sys.path``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -36,9 +37,14 @@ def run_role_tasks(
     tasks_from: list[str],
     check_mode: bool = True,
     role: str = "inference_server",
+    json_output: bool = False,
+    umask: int = -1,
 ) -> subprocess.CompletedProcess:
     """Run ``role``'s task files ``tasks_from`` in turn on this machine (connection local, modules run by
-    this test's Python) with ``variables`` as extra vars; the repository's ansible.cfg, roles and filters."""
+    this test's Python) with ``variables`` as extra vars; the repository's ansible.cfg, roles and filters.
+
+    ``json_output`` selects the ``json`` stdout callback (read it with :func:`task_results`);
+    ``umask`` is the one ansible-playbook, and so every module, runs under (-1: this process's)."""
     tasks = "\n".join(
         f"""    - name: Run {role} {name}
       ansible.builtin.include_role:
@@ -58,18 +64,56 @@ def run_role_tasks(
         + "\n"
     )
     (tmp_path / "facts.json").write_text(json.dumps(variables))
-    env = {
+    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
+    env = ansible_env(**({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_output else {}))
+    return subprocess.run(
+        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False, umask=umask
+    )
+
+
+def ansible_env(**more: str) -> dict[str, str]:
+    """The environment of an ansible-playbook run on localhost: the repository's ansible.cfg, roles and
+    filters, modules run by this test's Python, quiet about the inline inventory; and ``more``."""
+    return {
         **os.environ,
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
         "ANSIBLE_FILTER_PLUGINS": str(REPO / "filter_plugins"),
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_LOCALHOST_WARNING": "False",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "False",
         "ANSIBLE_DEPRECATION_WARNINGS": "False",
         "DEPLOY_CACHE_DIR": os.environ.get("DEPLOY_CACHE_DIR") or str(REPO / ".cache"),
         "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+        **more,
     }
-    cmd = ["ansible-playbook", "-i", "localhost,", "-c", "local", str(playbook), "-e", f"@{tmp_path / 'facts.json'}"]
-    return subprocess.run(
-        cmd + (["--check"] if check_mode else []), capture_output=True, text=True, env=env, check=False
+
+
+def task_results(run: subprocess.CompletedProcess) -> list[tuple[str, dict[str, Any]]]:
+    """(task name, localhost's result) of every task of a ``json_output`` run, in order."""
+    out = json.loads(run.stdout[run.stdout.index("{") :])
+    return [(task["task"]["name"], task["hosts"].get("localhost", {})) for task in out["plays"][0]["tasks"]]
+
+
+def as_module_utils(*modules: str) -> None:
+    """Let ``ansible.module_utils.<module>`` import each of ``modules`` as installed, as AnsiballZ ships them.
+
+    A role's module imports the host-side packages (``llm_host_lib``, ...) under Ansible's name;
+    the tests import the same packages from the editable install (pyproject.toml).
+    """
+    for name in modules:
+        importlib.import_module(name)
+        package = name.split(".")[0]
+        for loaded in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+            sys.modules.setdefault(f"ansible.module_utils.{loaded}", sys.modules[loaded])
+
+
+def run_module_file(path: Path, args_file: Path, *modules: str) -> subprocess.CompletedProcess[str]:
+    """Run a role's module file as Ansible does (``python MODULE ARGS_FILE``), with :func:`as_module_utils`."""
+    runner = (
+        "import runpy, sys; from role_files import as_module_utils; as_module_utils(*sys.argv[3:]); "
+        "sys.argv = sys.argv[1:3]; runpy.run_path(sys.argv[0], run_name='__main__')"
     )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    argv = [sys.executable, "-c", runner, str(path), str(args_file), *modules]
+    return subprocess.run(argv, capture_output=True, text=True, check=False, env=env)

@@ -419,16 +419,30 @@ python3) `inference_server_watchdog_interval_s` (60 s) after the last run ended.
 a deploy holds the deploy lock (a lock older than `deploy_lock_stale_after_s` does not count)
 or the unit is starting or stopping; otherwise it asks `/health` and then one streamed
 generation of one token, each within `inference_server_watchdog_deadline_s` (30 s), with the
-API key read from the unit's own key file (sent as the Bearer header, never printed). After
-`inference_server_watchdog_failures` (2) failed probes in a row it restarts the server the
-way a deploy does: `systemctl reset-failed`, `systemctl restart --no-block` (SIGTERM to the
-main process, the drain bounded by `TimeoutStopSec`; systemd follows SIGTERM with SIGCONT, so
-a stopped process drains too), then waits for the new start until it is ready. It writes
-`llm_watchdog.prom` in `inference_server_textfile_dir` (written aside and renamed):
-`llm_watchdog_last_probe_timestamp_seconds`, `llm_watchdog_probe_latency_seconds`,
-`llm_watchdog_probe_success`, `llm_watchdog_consecutive_failures`,
-`llm_watchdog_restarts_total`, `llm_watchdog_last_restart_timestamp_seconds`, and the two
-give-up series, each labelled `unit`. One probe now, with a shorter deadline: write
+API key read from the unit's own key file (sent as the Bearer header, never printed), at the
+address the server listens on (`inference_server_host`; a wildcard on its own family's
+loopback). A probe that missed its deadline is told apart from a hang by the engine's own
+counters: SGLang's `/metrics` (with `inference_server_enable_metrics`, as `group_vars/sglang_servers.yml` sets it)
+read just before the probe and again after it; when `sglang:generation_tokens_total` plus
+`sglang:realtime_tokens_total` grew meanwhile, the probe waited behind running requests and is
+"busy" (`llm_watchdog_probe_busy`, `llm_watchdog_busy_probes_total`), not a failure, and it ends
+a run of failures as an answer would. The running and queued requests are named but do not
+decide (a hung scheduler leaves its gauges as they were). An engine without metrics
+(transformers serve, SGLang without `inference_server_enable_metrics`) keeps the rule as it was: a missed
+deadline is a failure. After `inference_server_watchdog_failures` (2) failed probes in a row it
+restarts the server the way a deploy does, `systemctl restart --no-block` (SIGTERM to the main
+process, the drain bounded by `TimeoutStopSec`; systemd follows SIGTERM with SIGCONT, so a
+stopped process drains too), then waits for the new start until it is ready; but it does not
+clear the start limit first: a server that hangs again after every restart reaches
+`StartLimitBurst`, systemd fails the unit (`OnFailure=`) and the back-off above takes over, whose
+start alone clears the limit (`reset-failed`), once per retry. It writes `llm_watchdog.prom` in
+`inference_server_textfile_dir` through a fresh file of a random name in that directory (created
+`O_EXCL|O_NOFOLLOW`, its mode set on the open file, fsynced, renamed into place; no planted link
+is followed): `llm_watchdog_last_probe_timestamp_seconds`, `llm_watchdog_probe_latency_seconds`,
+`llm_watchdog_probe_success`, `llm_watchdog_probe_busy`, `llm_watchdog_busy_probes_total`,
+`llm_watchdog_consecutive_failures`, `llm_watchdog_restarts_total`,
+`llm_watchdog_last_restart_timestamp_seconds`, and the two give-up series, each labelled `unit`.
+One probe now, with a shorter deadline: write
 `LLM_WATCHDOG_DEADLINE_S=5` (and `LLM_WATCHDOG_FAILURES=1`) to `/run/<unit>-watchdog.env` and
 `systemctl start <unit>-watchdog.service`.
 
@@ -436,11 +450,12 @@ give-up series, each labelled `unit`. One probe now, with a shorter deadline: wr
 drafter's) revision directory (`inference_server_mounts_for`), so a late mount is waited for
 instead of crashed into; the SGLang unit is `After=`/`Wants=nvidia-persistenced.service`
 (`inference_server_after_units`; a host without that unit is unaffected, systemd ignores a
-`Wants=` of a unit that does not exist). The Faults table's two power cuts (`docker restart --time 1` of
-the host container, once while a deploy restarts the server and once after a deploy) show the
+`Wants=` of a unit that does not exist). The Faults table's two unclean stops (`docker restart --time 1`
+of the host container, once while a deploy restarts the server and once after a deploy) show the
 rest of a boot: `/run` is empty, so no deploy lock is left; systemd starts the unit on disk by
 itself; and the same deploy run again passes the gate and leaves the last-known-good unit equal
-to the running one.
+to the running one. They are no power cuts: the container's page cache survives them, so a write
+lost for want of an fsync cannot show there (the record writers' write-order test is what shows it).
 
 **The last-known-good record** is written whole into `last-known-good.staged` and exchanged
 with the live directory by one `renameat2(RENAME_EXCHANGE)` after an fsync
@@ -448,6 +463,16 @@ with the live directory by one `renameat2(RENAME_EXCHANGE)` after an fsync
 first checks that the record's venv (`bin/python`), model and drafter directories and the
 unit copy exist, and otherwise refuses with one sentence naming what is missing, before any
 link or unit moves (`tests/roles/test_lkg_record.py`).
+
+**Writes that must survive a power cut** (issue 44): the last-known-good record, the converged
+record (and its last-known-good copy), the port guard's files and model_sync's `current` switch
+and revisions are each written under a temporary name, fsynced (each file, and a staged
+directory), renamed, and then the directory that holds the name is fsynced, before the module
+says it is done: one place for the steps in each package (`llm_host_lib/durable.py` for the
+deploy's records, `model_sync_lib/fs.py`'s `publish` for the model). A container restart keeps
+the page cache, so a missing fsync cannot show in the power cuts above; the tests record the
+order of each writer's writes, fsyncs and renames instead (`tests/shared/durability.py`) and fail
+when a file's fsync before its rename, or the directory's after it, is left out.
 
 **A disk that fills**: model_sync checks the host's free space against the model's bytes to
 fetch plus `model_sync_disk_reserve_mib` before it copies, and ml_env against the lock's wheels
@@ -463,8 +488,9 @@ Proven on a real systemd host by the Faults table's rows `hang-between-deploys` 
 main process restarted by one watchdog run through the drain) and `crash-loop` (a runtime
 drop-in that fails every start, recorded by `OnFailure=` and brought back by the watchdog
 after its back-off), with the metrics read back; the timer and the unit's ordering by
-`molecule/default/tests/test_watchdog.py`; the program's decisions (deadline, failures in a row, the
-deploy lock, the back-off, the key never printed) by `tests/roles/test_serving_watch.py`.
+`molecule/default/tests/test_watchdog.py`; the program's decisions (deadline, failures in a row, a
+busy server against a frozen one, the start limit its restarts reach, the deploy lock, the back-off,
+the textfile through no planted link, the key never printed) by `tests/roles/test_serving_watch.py`.
 """
 
 ADOPTION = """\

@@ -122,10 +122,21 @@ def test_the_secrets_reach_only_where_they_belong(deployer: Deployer, nightly_di
         mode=lkg.split("\n")[0],
         holds="copies of both, for rollback (files 0600)",
     )
+    # Measured, not written down: who owns the engine's environ, and whether another account can read it
+    # (nobody, the account a foreign process on the host would have) while root can.
+    environ_mode = sh(f"stat -c '%a %U:%G' /proc/{pid}/environ").strip()
+    other = sh(
+        f"setpriv --reuid=nobody --regid=nogroup --clear-groups cat /proc/{pid}/environ >/dev/null 2>&1; echo $?"
+    )
+    nobody_reads = other.strip() == "0"
+    root_reads = f"{ENGINE_SECRET}=" in environ
     # fmt: off
-    record("secrets_on_purpose", where="/proc/<engine pid>/environ", mode="owner inference",
-           holds=f"{ENGINE_SECRET}, as every EnvironmentFile variable (readable by the service user and root only)")
+    record("secrets_on_purpose", where="/proc/<engine pid>/environ", mode=environ_mode,
+           holds=f"{ENGINE_SECRET}, as every EnvironmentFile variable: read by root "
+                 f"({'yes' if root_reads else 'NO'}), by nobody ({'YES' if nobody_reads else 'no'})")
 
+    assert environ_mode.startswith("400 inference:"), environ_mode
+    assert root_reads and not nobody_reads, f"nobody could read the engine's environment ({other!r})"
     assert [c for c in controller if c[1]] == [], "a play output holds a secret"
     # fmt: on
     assert nightly_found == 0, "the nightly artifacts hold a secret"

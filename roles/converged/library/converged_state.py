@@ -34,6 +34,10 @@ description:
     deploy stays at changed=0.
   - Secrets never enter the record; the fingerprint holds only sha256 digests, and secret
     files are recorded by their sha256.
+  - Each write (the record, its copy and the copy put back) is on disk when the module returns,
+    written under a temporary name, fsynced, renamed, and the directory fsynced (role llm_host's
+    C(llm_host_lib/durable.py)), so a power cut cannot leave a record that names a state the
+    host lost.
 version_added: "1.0.0"
 author:
   - llm-deploy authors
@@ -160,6 +164,7 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llm_host_lib import durable
 
 RECORD_VERSION = 2
 # What a role's entry of the ``roles`` option names on the host.
@@ -365,18 +370,10 @@ def compare(record: dict, params: dict) -> tuple[list[str], list[str], list[str]
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically, readable by root only (its directory is made when missing)."""
+    """Write ``data`` to ``path`` whole and on disk, readable by root only (its directory is made when missing)."""
     # Root's only when made here (inference_server's account.yml keeps the deploy's directory 0700).
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    # One writer at a time (the deploy lock): a fixed temporary name, rename(2) publishes it whole.
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    durable.replace_file(path, data, 0o600)
 
 
 def write_record(path: str, record: dict) -> None:

@@ -2,15 +2,23 @@
 """Can the service account reach the venv, the model and its own directories? Which groups do
 the GPU device nodes need? (inference_server's tasks/access.yml, before anything changes on the host)
 
-``service-access.py USER GROUP [--group G]... [--read VAR=PATH]... [--own VAR=PATH]... [--devices GLOB]...``
-prints one JSON object:
+``service-access.py USER GROUP [--group G]... [--read VAR=PATH]... [--own VAR=PATH]... [--venv VAR=DIR]...
+[--devices GLOB]...`` prints one JSON object:
 
 * ``problems``: one entry per path the account could not use, ``{"variable", "path", "blocked_at",
-  "mode", "owner", "group", "need"}``: for ``--read`` paths (the venv, the model) every existing
+  "mode", "owner", "group", "need"}``: for ``--read`` paths (the model, the drafter) every existing
   directory on the way must be searchable (x) by the account and the path itself readable (r,
   and x for a directory); for ``--own`` paths (the state and cache directories, which the role
   creates and hands to the account) every existing directory above them must be searchable.
-  Symbolic links are followed: the directories of the link's own path and of its target count.
+  For ``--venv`` directories (the venv link and the lock's venv) every existing directory above
+  them must be searchable, as for ``--own``. Symbolic links are followed: the directories of the
+  link's own path and of its target count. The first problem of a variable is its only one.
+* ``venv_problems``: one entry per ``--venv`` directory that exists and that the account could
+  reach but not run, in the same form: its ``bin/python`` must be executable (the directories on
+  the way searchable, the interpreter it links to executable), ``pyvenv.cfg`` readable (else
+  Python ignores it and runs as the system's) and ``lib/python3*/site-packages`` readable. A
+  venv built under root's umask 077 fails here (the server would stop at 203/EXEC); one not
+  built yet is ml_env's to build.
 * ``device_groups``: the groups that own device nodes matching ``--devices`` which the account
   may only open through their group (not world read-write): the account needs them as
   supplementary groups (a driver set NVreg_DeviceFileGID, e.g. to video or render).
@@ -89,7 +97,7 @@ def _chain(path: str) -> list[str]:
 
 
 def blocked(account: Account, path: str, need: str) -> dict[str, str] | None:
-    """Where ``account`` is stopped on the way to ``path`` (``need`` 'read' or 'own'), or None."""
+    """Where ``account`` is stopped on the way to ``path`` (``need`` 'read', 'own' or 'run'), or None."""
     target = os.path.realpath(path)
     for step in _chain(path):
         try:
@@ -99,9 +107,24 @@ def blocked(account: Account, path: str, need: str) -> dict[str, str] | None:
         last = step in (os.path.abspath(path), target)
         if (last and need == "own") or not (last or stat.S_ISDIR(st.st_mode)):
             continue  # the role hands its own directories to the account
-        want = ("rx" if stat.S_ISDIR(st.st_mode) else "r") if last else "x"
+        want = "x" if not last or need == "run" else "rx" if stat.S_ISDIR(st.st_mode) else "r"
         if not account.may(st, want):
-            return {**_describe(step, st), "need": "read" if "r" in want else "search (x)"}
+            label = "read" if "r" in want else "search (x)" if stat.S_ISDIR(st.st_mode) else "run (x)"
+            return {**_describe(step, st), "need": label}
+    return None
+
+
+def venv_blocked(account: Account, venv: str) -> dict[str, str] | None:
+    """Where ``account`` is stopped running the venv's python as that venv, or None (also when not built yet)."""
+    if not os.path.isdir(venv):
+        return None
+    site_packages = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages")))
+    for path, need in [(os.path.join(venv, "bin", "python"), "run"), (os.path.join(venv, "pyvenv.cfg"), "read")] + [
+        (path, "read") for path in site_packages
+    ]:
+        where = blocked(account, path, need)
+        if where:
+            return where
     return None
 
 
@@ -136,18 +159,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--group", dest="groups", action="append", default=[])
     parser.add_argument("--read", action="append", default=[], help="VAR=PATH the account must read")
     parser.add_argument("--own", action="append", default=[], help="VAR=PATH the role creates for the account")
+    parser.add_argument("--venv", action="append", default=[], help="VAR=DIR of the venv whose python it must run")
     parser.add_argument("--devices", action="append", default=[], help="glob of device nodes it must open")
     args = parser.parse_args(argv)
     device_groups, device_problems = devices(args.devices)
     account = Account(args.user, [args.group, *args.groups, *device_groups])
     problems = []
-    for need, pairs in (("read", _pairs(args.read)), ("own", _pairs(args.own))):
+    # A venv's reach is that of an own directory: the directories above it; venv_blocked looks inside.
+    for need, pairs in (("own", _pairs(args.venv)), ("read", _pairs(args.read)), ("own", _pairs(args.own))):
         for variable, path in pairs:
             where = blocked(account, path, need)
             # One reason per variable (ml_env_path names both the link and the lock's venv beside it).
             if where and variable not in {p["variable"] for p in problems}:
                 problems.append({"variable": variable, "path": path, **where})
-    print(json.dumps({"problems": problems, "device_groups": device_groups, "device_problems": device_problems}))
+    venv_problems = []
+    for variable, path in _pairs(args.venv):
+        where = None if variable in {p["variable"] for p in problems} else venv_blocked(account, path)
+        if where:
+            venv_problems.append({"variable": variable, "path": path, **where})
+    out = {"problems": problems, "venv_problems": venv_problems}
+    print(json.dumps({**out, "device_groups": device_groups, "device_problems": device_problems}))
     return 0
 
 

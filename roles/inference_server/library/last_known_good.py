@@ -13,9 +13,12 @@ description:
     of O(files) that exists (mode 0600, owner root) and C(state.json), O(state) as JSON. Then
     flushes it to disk and exchanges it with O(dir) in one C(renameat2) with C(RENAME_EXCHANGE): a
     reader, a rollback or a deploy killed at any instant finds the whole old record or the
-    whole new one in O(dir), never a mixture. The old record is then removed. A first record
-    is a plain rename; a file system without the exchange gets two renames (the old record
-    stays at C(<dir>.old) if killed between them)."
+    whole new one in O(dir), never a mixture. The directory that holds O(dir) is fsynced after
+    the exchange, so a power cut after the module returned keeps the new record (each file and
+    the staged directory were fsynced before; the steps are role llm_host's
+    C(llm_host_lib/durable.py)). The old record is then removed. A first record is a plain
+    rename; a file system without the exchange gets two renames (the old record stays at
+    C(<dir>.old) if killed between them)."
   - When the staged record holds exactly what O(dir) holds, the staged copy is removed and
     nothing changes (a no-op deploy stays at changed=0).
   - One module run instead of a task per file, for every deploy that passed its gate.
@@ -68,7 +71,6 @@ names:
   elements: str
 """
 
-import ctypes  # noqa: E402
 import errno  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
@@ -77,33 +79,14 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.llm_host_lib import durable  # noqa: E402
 
-RENAME_EXCHANGE = 2
-AT_FDCWD = -100
 STATE_NAME = "state.json"
 
 
 def contents(path: str) -> dict[str, bytes]:
     """Every file of the directory ``path`` (flat), by name."""
     return {name: Path(path, name).read_bytes() for name in sorted(os.listdir(path))}
-
-
-def sync(*paths: str) -> None:
-    """fsync each file or directory of ``paths`` (a directory: so that renames in it last)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def exchange(a: str, b: str) -> None:
-    """Swap the directories ``a`` and ``b`` atomically (renameat2 RENAME_EXCHANGE, Linux 3.15)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), RENAME_EXCHANGE) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), a)
 
 
 def record_contents(files: list[dict[str, Any]], state: dict[str, Any]) -> dict[str, bytes]:
@@ -122,43 +105,38 @@ def record_contents(files: list[dict[str, Any]], state: dict[str, Any]) -> dict[
 
 
 def stage(staged: str, wanted: dict[str, bytes]) -> None:
-    """Write ``wanted`` (name -> bytes) into a fresh root-only directory ``staged``."""
+    """Write ``wanted`` (name -> bytes) into a fresh root-only directory ``staged``, each file on disk."""
     shutil.rmtree(staged, ignore_errors=True)
     os.mkdir(staged, 0o700)
     os.chmod(staged, 0o700)
     for name, data in wanted.items():
-        path = os.path.join(staged, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
+        durable.write_new(os.path.join(staged, name), data, 0o600)
     if os.geteuid() == 0:
         for name in [".", *wanted]:
             os.chown(os.path.join(staged, name), 0, 0)
 
 
 def commit(staged: str, live: str) -> bool:
-    """Make ``staged`` the record at ``live``; True when that changed ``live``."""
+    """Make ``staged`` the record at ``live``, on disk when this returns; True when that changed ``live``."""
     if os.path.isdir(live) and contents(staged) == contents(live):
         shutil.rmtree(staged)
         return False
-    for name in os.listdir(staged):
-        sync(os.path.join(staged, name))
-    sync(staged)
+    durable.fsync_path(staged)  # the names in it (stage fsynced each file)
     if not os.path.lexists(live):
+        durable.publish(staged, live)
+        return True
+    try:
+        durable.exchange(staged, live)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+            raise
+        # A file system without RENAME_EXCHANGE: two renames, LIVE missing between them
+        # (a rollback then finds no record and says so; the record is at LIVE.old).
+        os.rename(live, f"{live}.old")
         os.rename(staged, live)
-    else:
-        try:
-            exchange(staged, live)
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                raise
-            # A file system without RENAME_EXCHANGE: two renames, LIVE missing between them
-            # (a rollback then finds no record and says so; the record is at LIVE.old).
-            os.rename(live, f"{live}.old")
-            os.rename(staged, live)
-            staged = f"{live}.old"
-        shutil.rmtree(staged)
-    sync(os.path.dirname(os.path.abspath(live)))
+        staged = f"{live}.old"
+    durable.fsync_path(os.path.dirname(os.path.abspath(live)))
+    shutil.rmtree(staged)
     return True
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: llm_host
-short_description: Read the server's host in one round trip; find, keep, stop or restore a server started by hand
+short_description: Read the host; find, keep, stop or restore a server run by hand; make the service's directories
 description:
   - Runs one subcommand of the deploy's host helper (the package C(module_utils/llm_host_lib) of
     role llm_host) and returns its JSON object as C(host).
@@ -32,18 +32,24 @@ options:
       - C(install) (role inference_server), with I(args) C(DIR FILE...), puts the named files of
         the package (C(__init__.py), C(guard.py), ...) into C(DIR/llm_host_lib/) for the port
         guard, whose launcher goes beside them (C(llm_host_lib/install.py) documents how).
+      - C(service-dirs) (role inference_server), with I(args) C(USER GROUP VAR=PATH...), makes each
+        C(PATH) a directory of C(USER:GROUP), mode 0750, following no symbolic link inside a
+        directory others than root can write, and hands over what another account left there
+        without following links; a link or a file where a directory must be is refused with a
+        sentence naming the path and C(VAR), returned as C(host.refused), before anything changes
+        (C(llm_host_lib/service_dirs.py) documents how).
     type: str
     required: true
-    choices: [facts, inspect, record, restore, switch, alive, install]
+    choices: [facts, inspect, record, restore, switch, alive, install, service-dirs]
   args:
     description: The subcommand's arguments, as on its command line.
     type: list
     elements: str
     default: []
 notes:
-  - Check mode runs C(facts), C(inspect) and C(alive) (they change nothing) and C(install) (which
-    then writes nothing and says what it would), and skips the others, returning C(changed=true)
-    and an empty C(host).
+  - Check mode runs C(facts), C(inspect) and C(alive) (they change nothing), C(install) and
+    C(service-dirs) (which then change nothing and say what they would, a refusal included), and
+    skips the others, returning C(changed=true) and an empty C(host).
 author: llm-deploy
 """
 
@@ -64,6 +70,12 @@ EXAMPLES = r"""
   llm_host:
     command: install
     args: [/usr/local/lib/inference-server, __init__.py, cli.py, guard.py, proc.py]
+
+- name: Make the service account's directories without following a link it could have put there
+  llm_host:
+    command: service-dirs
+    args: [inference, inference, inference_server_cache_dir=/var/cache/inference-server]
+  register: service_dirs
 """
 
 RETURN = r"""
@@ -79,6 +91,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llm_host_lib.adopt import adopt
 from ansible.module_utils.llm_host_lib.facts import facts
 from ansible.module_utils.llm_host_lib.install import install
+from ansible.module_utils.llm_host_lib.service_dirs import service_dirs
 
 # The subcommands that change the host (skipped in check mode).
 CHANGING = ("record", "restore", "switch")
@@ -91,7 +104,7 @@ def run_module() -> None:
             "command": {
                 "type": "str",
                 "required": True,
-                "choices": ["facts", "inspect", *CHANGING, "alive", "install"],
+                "choices": ["facts", "inspect", *CHANGING, "alive", "install", "service-dirs"],
             },
             "args": {"type": "list", "elements": "str", "default": []},
         },
@@ -105,6 +118,8 @@ def run_module() -> None:
             host = facts(args)
         elif command == "install":
             host = install(args[0], args[1:], check=module.check_mode) if len(args) > 1 else None
+        elif command == "service-dirs":
+            host = service_dirs(args, check=module.check_mode)
         else:
             host = adopt([command, *args])
     except SystemExit as exc:  # a refusal ({"failed": true, "msg": ...}) or argparse's usage error

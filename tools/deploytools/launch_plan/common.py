@@ -14,6 +14,7 @@ Standard library only; ``PlanError`` is the memory budget's (one class for every
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -564,6 +565,31 @@ def cache_env(engine: str, cache_dir: str | None) -> dict[str, str]:
             }
         )
     return env
+
+
+def root_only_environment(env: Mapping[str, str], root_dir: str, service_dirs: Mapping[str, str]) -> dict[str, str]:
+    """The plan's environment for a program root runs with it (the engine's check), with no path into
+    a directory the service account can write.
+
+    ``service_dirs`` maps a name to each such directory (the state and cache directories, the
+    unit's ``ReadWritePaths``); a value that is such a path, or a colon-separated list holding
+    one (``PYTHONPATH``), gets ``<root_dir>/<name>/<the rest>`` instead: HF_HOME, the JIT caches,
+    XDG_CACHE_HOME or a HOME there would let root import or load what the account put there.
+    Other values stay as they are; relative paths resolve where the program runs.
+    """
+    dirs = sorted(
+        ((posixpath.normpath(path), name) for name, path in service_dirs.items() if path.startswith("/")),
+        key=lambda pair: -len(pair[0]),
+    )
+
+    def moved(element: str) -> str:
+        path = posixpath.normpath(element) if element.startswith("/") else ""
+        for top, name in dirs:
+            if path == top or path.startswith(top.rstrip("/") + "/"):
+                return posixpath.normpath(posixpath.join(root_dir, name, posixpath.relpath(path, top)))
+        return element
+
+    return {name: ":".join(moved(element) for element in value.split(":")) for name, value in env.items()}
 
 
 def merge_environment(base: Mapping[str, str], extra: Mapping[str, Any]) -> dict[str, str]:

@@ -21,4 +21,10 @@ Modules import each other relatively, so both names work; this ``__init__`` impo
 * ``guard``: the port guard (``port-guard PORT UNIT [GRACE_S]``, or ``guard``);
 * ``cli``: the command line's dispatch;
 * ``install``: the module's ``install``, the guard's modules onto the host (inference_server).
+* ``service_dirs``: the module's ``service-dirs``, the service account's directories, made
+  without following a link the account could have put there (inference_server).
+* ``durable``: writes that survive a power cut (file fsynced, renamed, directory fsynced), for
+  ``install`` and the modules of other roles that declare llm_host as a dependency: the
+  last-known-good record (inference_server's ``last_known_good``) and the converged record
+  (converged's ``converged_state``).
 """

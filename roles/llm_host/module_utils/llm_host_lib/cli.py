@@ -9,7 +9,7 @@ it; ``facts`` and adopt's print the JSON object the module returns as ``host``:
 * ``inspect``, ``record``, ``restore``, ``switch``, ``alive``: a server started by hand (``adopt``);
 * ``guard``: the port guard (``guard``).
 
-(The module's ``install`` has no command line.) A wrong command line prints this or the
+(The module's ``install`` and ``service-dirs`` have no command line.) A wrong command line prints this or the
 subcommand's documentation and exits 2. Only the guard is imported before the subcommand is
 known, so the port guard needs no more of the package than its own modules.
 """

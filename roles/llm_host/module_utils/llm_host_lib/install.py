@@ -3,7 +3,8 @@
 inference_server runs it with the directory of the unit's helpers (``/usr/local/lib/<unit>``)
 and the files of this package that the guard needs (its vars list them, so that the converged
 record checks the same files): each goes to ``DIR/llm_host_lib/<file>``, root's and 0644 in a
-0755 directory, and is rewritten only when its content differs. One module run writes them all
+0755 directory, and is rewritten only when its content differs, on disk when this returns
+(:mod:`.durable`: the guard runs at the next boot too). One module run writes them all
 (a ``copy`` task per file would pay a round trip or two each). The content is this package as
 this process loaded it (from AnsiballZ's zip or from a directory), so the guard runs exactly
 the code the module runs. In check mode it says what it would write and changes nothing.
@@ -18,6 +19,7 @@ import stat
 
 # AnsiballZ ships only what the module imports: the port guard needs these.
 from . import cli, guard, proc  # noqa: F401
+from .durable import replace_file
 
 PACKAGE_DIR = "llm_host_lib"
 FILE_MODE = 0o644
@@ -74,13 +76,7 @@ def install(directory: str, file_names: list[str], check: bool = False) -> dict[
         if not same:
             written.append(path)
             if not check:
-                tmp = path + ".tmp"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(data)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, path)
+                replace_file(path, data, FILE_MODE)
         if os.path.lexists(path):  # in check mode a new file is not there yet
             changed |= settle(path, FILE_MODE, check)
     return {"changed": changed or bool(written), "directory": target, "installed": written}

@@ -22,7 +22,8 @@ Modules, one concern each (imports are lazy where they cost start-up time: a no-
 imports neither ``json`` nor ``re``):
 
 * ``common``: layout names, :class:`~.common.SyncError`, small helpers;
-* ``fs``: scanning, kernel copies, write-back and fsync;
+* ``fs``: scanning, kernel copies, write-back, fsync, and publishing by rename what must survive a
+  power cut (``publish``, ``atomic_write``: content fsynced, renamed, directory fsynced);
 * ``hashing``: sha256 of files, in parallel;
 * ``state``: the sha256 cache and revision manifests;
 * ``checks``: manifests, safetensors headers, the model check, revision labels;

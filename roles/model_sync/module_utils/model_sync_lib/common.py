@@ -46,16 +46,6 @@ def now() -> float:
     return time.perf_counter()
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and rename(2)."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def ids(owner: str, group: str) -> tuple[int, int]:
     """Resolve owner and group names (or numbers) to ids."""
     import grp

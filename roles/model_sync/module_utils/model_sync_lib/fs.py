@@ -1,4 +1,4 @@
-"""File-system helpers: scanning a tree, kernel copies, early write-back and fsync."""
+"""File-system helpers: scanning a tree, kernel copies, early write-back, fsync and publishing by rename."""
 
 from __future__ import annotations
 
@@ -100,6 +100,28 @@ def fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish(staged: str, path: str) -> None:
+    """Rename ``staged`` (a file, link or directory already on disk) over ``path``, and make the rename last.
+
+    The one way this package publishes what must survive a power cut (a revision, ``current``,
+    a file written whole): its content fsynced first by the caller, then rename(2), then the
+    directory that holds ``path`` fsynced (role llm_host's ``durable`` module does the same for
+    the deploy's records; this package runs where that one is not).
+    """
+    os.replace(staged, path)
+    fsync_path(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole and on disk: a temporary file, fsynced, then :func:`publish`."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    publish(tmp, path)
 
 
 def copy_file(src: str, dst: str, st: os.stat_result, counter: Counter) -> None:

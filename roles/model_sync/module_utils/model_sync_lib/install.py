@@ -12,7 +12,7 @@ import os
 
 # AnsiballZ ships only what the module imports: the command needs all of these.
 from . import cli, fetch_hub, fetch_local, fetch_rsync, hub_helper  # noqa: F401
-from .common import atomic_write
+from .fs import atomic_write
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing pulls in re (start-up time)
 if TYPE_CHECKING:

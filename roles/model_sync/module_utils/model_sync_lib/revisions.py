@@ -7,7 +7,7 @@ import os
 from .base import EngineBase
 from .checks import clean_label
 from .common import CURRENT, PARTIAL, REVISIONS, SyncError, now
-from .fs import fsync_files, fsync_path, inode_key, link_replace, scan
+from .fs import fsync_files, fsync_path, inode_key, link_replace, publish, scan
 from .hashing import hash_many
 
 
@@ -42,8 +42,7 @@ class Revisions(EngineBase):
             os.unlink(os.path.join(partial, rel))
         self.fix_tree_attrs(partial, {})
         fsync_path(partial)
-        os.rename(partial, target)
-        fsync_path(self.revisions)
+        publish(partial, target)
         return target
 
     def _repair(self, target: str, files: dict[str, os.stat_result], hashes: dict[str, str]) -> None:
@@ -121,8 +120,7 @@ class Revisions(EngineBase):
             except FileNotFoundError:
                 pass
             os.symlink(want, tmp)
-            os.replace(tmp, link)
-            fsync_path(self.dest)
+            publish(tmp, link)
         return result
 
     def prune(self) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from .common import CACHE_VERSION, atomic_write
-from .fs import inode_key
+from .common import CACHE_VERSION
+from .fs import atomic_write, inode_key
 
 
 class State:

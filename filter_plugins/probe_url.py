@@ -1,0 +1,18 @@
+"""Ansible filters for where the host probes its own server (readiness, watchdog, gate).
+
+The code is ``deploytools.probe_url`` (tools/deploytools, installed in the controller's venv).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deploytools.probe_url import probe_url
+
+
+class FilterModule:
+    """Ansible filters for the URL the host's own probes use."""
+
+    def filters(self) -> dict[str, Any]:
+        """Map filter names to functions."""
+        return {"probe_url": probe_url}

@@ -1,0 +1,80 @@
+"""The host's own probes follow the configured bind (issue 44, item 4): the unit's readiness probe
+(ExecStartPost), the watchdog's configuration and the gate's default URL ask a server bound to a specific
+address there, one bound to a wildcard on its own family's loopback, IPv6 in brackets. Before, all three
+asked 127.0.0.1 whatever inference_server_host said: a server bound to another address never became
+ready, and root's probe (with the API key) went to whoever held 127.0.0.1 on that port. The roles' real
+templates and defaults, rendered by ansible-playbook; the one derivation, deploytools.probe_url, directly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from deploytools.probe_url import probe_host, probe_url
+from test_drain import REPO, directives, localhost_play, render_unit, template_run
+
+# (inference_server_host, the base URL the host's probes must use)
+BINDS = [
+    ("127.0.0.1", "http://127.0.0.1:30000"),
+    ("0.0.0.0", "http://127.0.0.1:30000"),
+    ("::", "http://[::1]:30000"),
+    ("::1", "http://[::1]:30000"),
+    ("10.0.4.17", "http://10.0.4.17:30000"),
+    ("fd00::5", "http://[fd00::5]:30000"),
+    ("localhost", "http://localhost:30000"),
+]
+
+
+@pytest.mark.parametrize("bind, url", BINDS)
+def test_the_derivation_follows_the_bind(bind, url):
+    assert probe_url(bind, 30000) == url
+    # An IPv6 bind written in brackets is the same address.
+    assert probe_url(f"[{bind}]" if ":" in bind else bind, "30000") == url
+
+
+def test_the_host_is_given_without_brackets_and_in_one_spelling():
+    assert [probe_host(b) for b in ("0.0.0.0", "::", "::0", "[fd00::5]", "", None)] == [
+        "127.0.0.1",
+        "::1",
+        "::1",
+        "fd00::5",
+        "127.0.0.1",
+        "127.0.0.1",
+    ]
+
+
+@pytest.mark.parametrize("bind, url", BINDS)
+def test_the_units_readiness_probe_asks_where_the_server_listens(tmp_path, bind, url):
+    unit = render_unit(tmp_path, inference_server_host=bind, inference_server_port=30000)
+    probe = directives(unit, "ExecStartPost")
+    quoted = f'"{url}/health"' if "[" in url else f"{url}/health"
+    assert probe == [f"/usr/local/lib/inference-server/wait-ready {quoted}"], probe
+
+
+@pytest.mark.parametrize("bind, url", BINDS)
+def test_the_watchdog_asks_where_the_server_listens(tmp_path, bind, url):
+    proc = template_run(tmp_path, template="watchdog.json.j2", inference_server_host=bind, inference_server_port=30000)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    config = json.loads((tmp_path / "unit").read_text())
+    assert (config["health_url"], config["chat_url"]) == (f"{url}/health", f"{url}/v1/chat/completions")
+
+
+def gate_url(tmp_path, **variables) -> str:
+    """health_gate_url as the gate's defaults derive it from the inventory's variables."""
+    task = {"name": "Show", "ansible.builtin.debug": {"msg": "{{ health_gate_url }}"}}
+    defaults = REPO / "roles" / "health_gate" / "defaults" / "main.yml"
+    proc = localhost_play(tmp_path, task, variables, [defaults], json_out=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return result["msg"].strip()
+
+
+@pytest.mark.parametrize("bind, url", BINDS)
+def test_the_gates_default_url_asks_where_the_server_listens(tmp_path, bind, url):
+    assert gate_url(tmp_path, inference_server_host=bind, inference_server_port=30000) == url
+
+
+def test_the_gate_without_the_servers_variables_asks_the_default_port_on_loopback(tmp_path):
+    """playbooks/gate.yml on a host whose inventory sets neither: the role's own defaults."""
+    assert gate_url(tmp_path) == "http://127.0.0.1:30000"

@@ -85,6 +85,7 @@ class GateConfig:
     probe_set: Any = None
     admin_api_key: str | None = None
     min_eval_score: float = 0.0
+    eval_concurrency: int = 4
     eval_margin_pct: float = 10.0
     eval_confidence: float = 0.95
     golden_min_match_share: float = 1.0
@@ -225,6 +226,7 @@ RANGE_RULES: tuple[RangeRule, ...] = (
     RangeRule("max_regression_pct", 0, "0 (off) or a percentage"),
     RangeRule("regression_min_ttft_delta_s", 0, "0 or more seconds"),
     RangeRule("min_eval_score", 0, "0 (no floor) or a share of the eval answered right, up to 1"),
+    RangeRule("eval_concurrency", 1, "at least 1", integer=True),
     RangeRule("eval_margin_pct", 0, "0 (off) or a percentage"),
     RangeRule("golden_min_match_share", 0, "a share of the golden prompts, from 0 to 1"),
     RangeRule("max_logprob_drift", 0, "0 or more (nats per token)"),

@@ -254,7 +254,7 @@ def _correctness(
     _, golden, _ = reference_of(cfg)
     try:
         report["correctness"] = run_probe(
-            endpoint, engine, model, cfg.probe_set, golden, cfg.concurrency, cfg.request_timeout_s, monitor,
+            endpoint, engine, model, cfg.probe_set, golden, cfg.eval_concurrency, cfg.request_timeout_s, monitor,
             cfg.admin_api_key, say,
         )  # fmt: skip
     except RequestError as exc:  # judged with the speed figures (llm_gate/correctness.py), not instead of them

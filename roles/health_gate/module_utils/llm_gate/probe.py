@@ -15,8 +15,8 @@
    the reference's own tokens fed back to this server (teacher forcing, ``/generate`` with
    ``return_logprob`` from the last prompt token), so that each reference token's log-probability
    under this server can be compared with the one it had when it was recorded.
-5. **Eval**: the probe set's generated questions as chat completions (``concurrency`` at a time),
-   each reply's first integer against the exact answer.
+5. **Eval**: the probe set's generated questions as chat completions (``concurrency`` at a time:
+   the gate's ``eval_concurrency``), each reply's first integer against the exact answer.
 
 It returns the raw results; :mod:`.correctness` judges them. Engines: ``sglang`` (native
 ``/generate``: token ids, log-probabilities, the top two at each step, cached tokens),

@@ -57,17 +57,17 @@ def test_an_unchanged_server_passes_and_its_outputs_become_the_reference(toy):
     record = baseline["correctness"]
     assert record["probe"]["digest"] == llm_gate.digest_of(PROBE) and record["model_revision"] == "r1"
     assert record["eval"] == {"score": 1.0, "correct": 40, "count": 40}
-    assert set(record["golden"]) == {"code", "prose", "doc/1", "doc/2", "talk/1", "talk/2"}
+    assert set(record["golden"]) == {"code", "prose", "doc/1", "doc/2", "doc/3", "talk/1", "talk/2"}
     assert all(len(g["token_ids"]) == 32 == len(g["logprobs"]) for g in record["golden"].values())
     assert "right: consistency 3/3, eval 40/40 (min 0.9)" in first["summary"]
 
     again = gate(toy, "u2", baseline)
     found = checks(again)
     assert again["passed"], again["reasons"]
-    assert found["golden_outputs"]["value"] == 1.0 and found["golden_outputs"]["same"] == 6
+    assert found["golden_outputs"]["value"] == 1.0 and found["golden_outputs"]["same"] == 7
     assert all(row["drift"] == 0.0 for row in found["golden_outputs"]["prompts"])
     assert found["eval_score_vs_last_known_good"]["ok"]
-    assert "golden 6/6" in again["summary"]
+    assert "golden 7/7" in again["summary"]
 
 
 def test_the_probe_flushes_with_the_admin_key_and_the_hits_are_hits(toy):
@@ -89,7 +89,7 @@ def test_a_kernel_change_that_flips_near_ties_passes_a_broken_server_fails(toy):
     toy.mode = "near_tie"
     flipped = gate(toy, "u2", baseline)
     golden = checks(flipped)["golden_outputs"]
-    assert golden["same"] < 6, "the near-tie server flipped no token: the test proves nothing"
+    assert golden["same"] < 7, "the near-tie server flipped no token: the test proves nothing"
     assert flipped["passed"], flipped["reasons"]
     assert all(row["ok"] and (row["same"] or row["near_tie"]) for row in golden["prompts"])
     assert all(row["drift"] <= 0.05 for row in golden["prompts"])
@@ -100,7 +100,7 @@ def test_a_kernel_change_that_flips_near_ties_passes_a_broken_server_fails(toy):
     golden = checks(broken)["golden_outputs"]
     assert golden["value"] == 0.0 and all(row["drift"] > 1 for row in golden["prompts"])
     assert any(
-        reason.startswith("golden outputs differ from the last-known-good's on 6 of 6 prompts (code from token")
+        reason.startswith("golden outputs differ from the last-known-good's on 7 of 7 prompts (code from token")
         and reason.endswith("health_gate_accept_output_change=true (the new outputs then become the golden ones)")
         for reason in broken["reasons"]
     ), broken["reasons"]
@@ -155,7 +155,7 @@ def test_a_no_op_gate_asks_nothing_and_keeps_the_record(toy):
     assert not [c for c in toy.calls[before:] if c[0] in ("/generate", "/flush_cache", "/tokenize")]
     assert report["verdict"]["baseline"]["correctness"] == baseline["correctness"]
     always = gate(toy, "u1", baseline, correctness="always")
-    assert always["correctness"] is not None and checks(always)["golden_outputs"]["same"] == 6
+    assert always["correctness"] is not None and checks(always)["golden_outputs"]["same"] == 7
 
 
 def test_the_same_engine_keeps_the_first_reference_a_new_model_revision_replaces_it(toy):

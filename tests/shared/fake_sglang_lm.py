@@ -58,100 +58,33 @@ def _answer(question: str) -> int | None:
     return a + b
 
 
-class FakeSGLangLM:
-    """A threaded HTTP server with SGLang's probe endpoints over a toy model; ``mode`` may change any time."""
+class ToyLM:
+    """The toy model and its prefix cache, without a server: what ``/tokenize``, ``/generate``,
+    ``/flush_cache`` and the chat answers compute (also installed as a stand-in SGLang by
+    tests/tools/test_gpu_tools.py's fake bundle)."""
 
-    def __init__(self, mode: str = "ok", api_key: str | None = None, admin_api_key: str | None = None) -> None:
-        """Serve on a free port of 127.0.0.1 (``start``)."""
+    def __init__(self, mode: str = "ok") -> None:
+        """A model whose faults are ``mode`` (the module's docstring)."""
         self.mode = mode
-        self.api_key = api_key
-        self.admin_api_key = admin_api_key
         self.cache: list[list[int]] = []
-        self.calls: list[tuple[str, dict[str, Any]]] = []
         self.lock = threading.Lock()
         self.random = random.Random(7)
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def flush(self) -> None:
+        """``/flush_cache``."""
+        with self.lock:
+            self.cache.clear()
 
-            def log_message(self, *args: Any) -> None:  # quiet
-                return
+    def tokenize(self, prompt: str) -> list[int]:
+        """``/tokenize``: bytes are tokens."""
+        return list(prompt.encode())
 
-            def _json(self, status: int, obj: Any) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def _allowed(self, admin: bool) -> bool:
-                """SGLang's auth: the API key on normal endpoints; the admin key (else the API key) on admin ones."""
-                wanted = (server.admin_api_key or server.api_key) if admin else server.api_key
-                return not wanted or self.headers.get("Authorization") == f"Bearer {wanted}"
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                if self.path == "/health":
-                    self._json(200, {})
-                elif not self._allowed(False):
-                    self._json(401, {"error": "Unauthorized"})
-                elif self.path == "/v1/models":
-                    self._json(200, {"data": [{"id": "toy"}]})
-                else:
-                    self._json(404, {"detail": "Not Found"})
-
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                with server.lock:
-                    server.calls.append((self.path, body))
-                if not self._allowed(self.path == "/flush_cache"):
-                    self._json(401, {"error": "Unauthorized"})
-                elif self.path == "/flush_cache":
-                    with server.lock:
-                        server.cache.clear()
-                    self._json(200, {})
-                elif self.path == "/tokenize" and server.mode == "no_tokenize":
-                    self._json(404, {"detail": "Not Found"})
-                elif self.path == "/tokenize":
-                    self._json(200, {"tokens": list(body["prompt"].encode()), "count": len(body["prompt"].encode())})
-                elif self.path == "/generate":
-                    self._json(200, server.generate(body))
-                elif self.path == "/v1/chat/completions" and body.get("stream"):
-                    self._stream(int(body.get("max_tokens") or 8))
-                elif self.path == "/v1/chat/completions":
-                    question = body["messages"][-1]["content"]
-                    value = _answer(question)
-                    if value is not None and server.mode == "wrong_answers":
-                        value += 1
-                    text = "I do not know" if value is None else str(value)
-                    self._json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
-                else:
-                    self._json(404, {"detail": "Not Found"})
-
-            def _stream(self, tokens: int) -> None:
-                """A streamed chat completion of ``tokens`` chunks, with usage (the gate's speed measurement)."""
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                piece = json.dumps({"choices": [{"index": 0, "delta": {"content": "tok "}}]}).encode()
-                for _ in range(tokens):
-                    self.wfile.write(b"data: " + piece + b"\n\n")
-                usage = {"prompt_tokens": 9, "completion_tokens": tokens, "total_tokens": 9 + tokens}
-                end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "usage": usage}
-                self.wfile.write(b"data: " + json.dumps(end).encode() + b"\n\ndata: [DONE]\n\n")
-                self.wfile.flush()
-                self.close_connection = True
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+    def chat(self, question: str) -> str:
+        """A chat answer to one of the probe's generated questions."""
+        value = _answer(question)
+        if value is not None and self.mode == "wrong_answers":
+            value += 1
+        return "I do not know" if value is None else str(value)
 
     def _cached(self, ids: list[int]) -> int:
         """The longest prefix of ``ids`` (at most all but one) that an earlier sequence since the flush shares."""
@@ -209,6 +142,95 @@ class FakeSGLangLM:
         meta["completion_tokens"] = len(out)
         return {"text": bytes(out).decode("latin-1"), "output_ids": out, "meta_info": meta}
 
+
+class FakeSGLangLM:
+    """A threaded HTTP server with SGLang's probe endpoints over a :class:`ToyLM`; ``mode`` may change any time."""
+
+    def __init__(self, mode: str = "ok", api_key: str | None = None, admin_api_key: str | None = None) -> None:
+        """Serve on a free port of 127.0.0.1 (``start``)."""
+        self.lm = ToyLM(mode)
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                return
+
+            def _json(self, status: int, obj: Any) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _allowed(self, admin: bool) -> bool:
+                """SGLang's auth: the API key on normal endpoints; the admin key (else the API key) on admin ones."""
+                wanted = (server.admin_api_key or server.api_key) if admin else server.api_key
+                return not wanted or self.headers.get("Authorization") == f"Bearer {wanted}"
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                if self.path == "/health":
+                    self._json(200, {})
+                elif not self._allowed(False):
+                    self._json(401, {"error": "Unauthorized"})
+                elif self.path == "/v1/models":
+                    self._json(200, {"data": [{"id": "toy"}]})
+                else:
+                    self._json(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server.lm.lock:
+                    server.calls.append((self.path, body))
+                if not self._allowed(self.path == "/flush_cache"):
+                    self._json(401, {"error": "Unauthorized"})
+                elif self.path == "/flush_cache":
+                    server.lm.flush()
+                    self._json(200, {})
+                elif self.path == "/tokenize" and server.lm.mode == "no_tokenize":
+                    self._json(404, {"detail": "Not Found"})
+                elif self.path == "/tokenize":
+                    tokens = server.lm.tokenize(body["prompt"])
+                    self._json(200, {"tokens": tokens, "count": len(tokens)})
+                elif self.path == "/generate":
+                    self._json(200, server.lm.generate(body))
+                elif self.path == "/v1/chat/completions" and body.get("stream"):
+                    self._stream(int(body.get("max_tokens") or 8))
+                elif self.path == "/v1/chat/completions":
+                    text = server.lm.chat(body["messages"][-1]["content"])
+                    self._json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+                else:
+                    self._json(404, {"detail": "Not Found"})
+
+            def _stream(self, tokens: int) -> None:
+                """A streamed chat completion of ``tokens`` chunks, with usage (the gate's speed measurement)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                piece = json.dumps({"choices": [{"index": 0, "delta": {"content": "tok "}}]}).encode()
+                for _ in range(tokens):
+                    self.wfile.write(b"data: " + piece + b"\n\n")
+                usage = {"prompt_tokens": 9, "completion_tokens": tokens, "total_tokens": 9 + tokens}
+                end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "usage": usage}
+                self.wfile.write(b"data: " + json.dumps(end).encode() + b"\n\ndata: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
     def start(self) -> FakeSGLangLM:
         """Serve in a background thread."""
         self.thread.start()
@@ -218,3 +240,12 @@ class FakeSGLangLM:
         """Stop serving."""
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    @property
+    def mode(self) -> str:
+        """The toy model's faults (the module's docstring)."""
+        return self.lm.mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        self.lm.mode = value

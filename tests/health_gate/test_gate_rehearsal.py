@@ -176,6 +176,9 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
         "health_gate_unit_file": str(unit_file),
         "health_gate_metadata": {"venv_lock_sha256": "feed"},
         "model_sync_revision": "tiny-r1",
+        # The rehearsal group's probe set and floor (the trained tiny model answers it).
+        "health_gate_probe_set": "tiny-rehearsal",
+        "health_gate_min_eval_score": 0.8,
         "ansible_python_interpreter": SYSTEM_PYTHON,
     }
     env = ansible_env()
@@ -189,7 +192,7 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
         cwd=str(REPO),
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "gate PASS: " in proc.stdout
+    assert "gate PASS: " in proc.stdout and "right: consistency 3/3, eval 20/20 (min 0.8)" in proc.stdout
     assert "changed=0" in proc.stdout.split("PLAY RECAP")[1]
     latest = json.loads((report_dir / "latest.json").read_text())
     meta = latest["metadata"]
@@ -197,7 +200,9 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
     assert meta["env_sha256"] is None  # no such file on this machine
     assert meta["model_revision"] == "tiny-r1" and meta["venv_lock_sha256"] == "feed"
     assert latest["settings"]["prompts"][0] == "py-log-top-errors"
+    assert latest["correctness"]["probe"]["name"] == "tiny-rehearsal" and latest["correctness"]["eval"]["score"] >= 0.8
     prom = (textfile_dir / "llm_gate.prom").read_text()
+    assert 'llm_gate_eval_score{host="localhost"}' in prom and 'llm_gate_min_eval_score{host="localhost"} 0.8' in prom
     assert "llm_gate_passed" in prom and 'host="localhost"' in prom
 
 
@@ -217,6 +222,7 @@ def test_role_failure_prints_the_summary_fails_and_keeps_the_report(rehearsal_se
         "health_gate_requests": 1,
         "health_gate_max_tokens": 8,
         "health_gate_min_decode_tps": 100000,
+        "health_gate_correctness": "off",
         "health_gate_report_dir": str(report_dir),
         "health_gate_textfile_dir": "",  # not this machine's node_exporter directory
         "ansible_python_interpreter": SYSTEM_PYTHON,

@@ -26,7 +26,7 @@ UNIT_FILE = f"/etc/systemd/system/{UNIT}.service"
 # Each stand-in: its fault, its port, the marker a deploy puts in the unit to turn it on.
 STAND_INS = {"sample": (8102, "RELIABILITY_FAULT=sample"), "corrupt": (8103, "RELIABILITY_FAULT=corrupt")}
 BACK_ON_LKG = (
-    r"Deploy step 'Fail when the gate failed' failed on rel-molecule: gate FAIL .* The host is back on "
+    r"Deploy step 'Fail when the gate failed' failed on rel-molecule: gate FAIL: .* The host is back on "
     r"its last-known-good state \(engine transformers 5\.6\.0, model revision [0-9a-f]{12}, venv lock "
     r"transformers-cpu\) and serving: gate PASS: .*right: golden 5/5.*"
 )

@@ -199,7 +199,7 @@ def test_the_wilson_lower_bound(correct, count, confidence, lower):
         ("correctness", "sometimes", "correctness must be one of auto, always, off"),
         ("eval_confidence", 0.93, "eval_confidence must be one of 0.8, 0.9, 0.95, 0.975, 0.99"),
         ("min_eval_score", 1.5, "min_eval_score must be at most 1"),
-        ("probe_set", {"name": "x"}, "probe_set: version must be an integer"),
+        ("probe_set", {"name": "x"}, "the probe set: version must be an integer"),
     ],
 )
 def test_bad_correctness_options_are_refused_before_the_server_is_asked(option, value, words):

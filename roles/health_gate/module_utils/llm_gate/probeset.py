@@ -33,7 +33,7 @@ import json
 import re
 from typing import Any
 
-from .errors import GateUsageError
+from .errors import GateUsageError, read_json_option
 
 PROBE_SCHEMA = 1
 _MASK64 = (1 << 64) - 1
@@ -222,14 +222,7 @@ def load_probe_set(value: Any) -> dict[str, Any] | None:
     """
     if value in (None, "", {}):
         return None
-    source = "probe_set"
-    if isinstance(value, str):
-        source = value
-        try:
-            with open(value, encoding="utf-8") as handle:
-                value = json.load(handle)
-        except (OSError, ValueError) as exc:
-            raise GateUsageError(f"cannot read the probe set {source}: {exc}") from exc
+    value, source = read_json_option(value, "the probe set")
     problems = _problems(value)
     if problems:
         raise GateUsageError(f"{source}: " + "; ".join(problems))

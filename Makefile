@@ -29,7 +29,7 @@ GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)-$(shell tools/build-base-image --id)
 
 .PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down prometheus \
-        sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean
+        sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean tiny-model-train
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -134,10 +134,28 @@ $(TOOLS_VENV)/.installed: $(WHEELHOUSE)/.complete
 	$(TOOLS_VENV)/bin/pip install -q --no-compile --no-index --no-deps --find-links $(WHEELHOUSE) -r $(CPU_LOCK)
 	touch $@
 
-model: $(TINY_MODEL)/config.json ## generate the tiny rehearsal model (fixed seed, offline)
+# The rehearsal model is trained (so that the gate's correctness probe means something on the CPU)
+# and committed: files/models/tiny-qwen3.5, made by `make tiny-model-train` (about 15 minutes of
+# two busy cores, an hour when they are shared), copied here so that a fresh machine does not train.
+REHEARSAL_MODEL  := files/models/tiny-qwen3.5
+REHEARSAL_PROBES := roles/health_gate/files/probes/tiny-rehearsal.json
+model: $(TINY_MODEL)/config.json ## the tiny rehearsal model (the committed, trained one) in the cache
 
-$(TINY_MODEL)/config.json: tools/make-tiny-model tools/deploytools/make_tiny_model.py $(TOOLS_VENV)/.installed
-	$(TOOLS_VENV)/bin/python tools/make-tiny-model --out $(TINY_MODEL)
+$(TINY_MODEL)/config.json: $(wildcard $(REHEARSAL_MODEL)/*)
+	rm -rf $(TINY_MODEL) && mkdir -p $(dir $(TINY_MODEL))
+	cp -r $(REHEARSAL_MODEL) $(TINY_MODEL)
+
+# The seeded random model of tools/make-tiny-model, taught the chat questions of the rehearsal
+# probe set's eval families (tools/probe-set training-items: other questions than the eval's), then
+# checked against the eval itself; the result replaces files/models/tiny-qwen3.5 (commit it).
+TRAIN_DIR := $(CACHE)/models/tiny-train
+tiny-model-train: $(VENV)/.installed $(TOOLS_VENV)/.installed ## train the rehearsal model anew into files/models/tiny-qwen3.5
+	rm -rf $(TRAIN_DIR) && mkdir -p $(TRAIN_DIR)-items
+	$(VENV)/bin/python tools/probe-set training-items $(REHEARSAL_PROBES) --count 3000 > $(TRAIN_DIR)-items/train.jsonl
+	$(VENV)/bin/python tools/probe-set eval-items $(REHEARSAL_PROBES) > $(TRAIN_DIR)-items/eval.jsonl
+	$(TOOLS_VENV)/bin/python tools/make-tiny-model --out $(TRAIN_DIR) --train $(TRAIN_DIR)-items/train.jsonl \
+	  --steps 1500 --check $(TRAIN_DIR)-items/eval.jsonl
+	rm -rf $(REHEARSAL_MODEL) && cp -r $(TRAIN_DIR) $(REHEARSAL_MODEL) && chmod 0644 $(REHEARSAL_MODEL)/*
 
 sim-up: setup ## start the local sim host (systemd container "sim")
 	ansible-playbook playbooks/sim-host.yml

@@ -7,9 +7,10 @@ check their options with, applied here on the controller, before anything change
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from llm_gate import DEFAULTS, variable_problems
+from llm_gate import DEFAULTS, GateUsageError, load_probe_set, variable_problems
 
 
 def health_gate_problems(values: dict[str, Any], prefix: str = "") -> list[str]:
@@ -23,9 +24,23 @@ def health_gate_problems(values: dict[str, Any], prefix: str = "") -> list[str]:
     return variable_problems(values, prefix)
 
 
+def health_gate_probe_set_problems(text: str) -> list[str]:
+    """What is wrong with a probe set's JSON text ('' when its file was not found); [] when it is right."""
+    if not text:
+        return ["no such probe set was found"]
+    try:
+        load_probe_set(json.loads(text))
+    except ValueError as exc:  # GateUsageError, or the JSON itself
+        return [str(exc) if isinstance(exc, GateUsageError) else f"it is no JSON ({exc})"]
+    return []
+
+
 class FilterModule:
     """Ansible filters of the health gate's preflight."""
 
     def filters(self) -> dict[str, Any]:
         """Map filter names to functions."""
-        return {"health_gate_problems": health_gate_problems}
+        return {
+            "health_gate_problems": health_gate_problems,
+            "health_gate_probe_set_problems": health_gate_probe_set_problems,
+        }

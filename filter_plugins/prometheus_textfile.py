@@ -64,6 +64,9 @@ GATE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
     # The gate's own thresholds (the inventory's), so alert rules compare with them per host.
     "min_decode_tps": (("min_decode_tps",), ("thresholds", "min_decode_tps")),
     "min_accept_length": (("min_accept_length",), ("thresholds", "min_accept_length")),
+    # The correctness probe's eval (absent when the probe did not run, as on a no-op deploy).
+    "eval_score": (("eval_score",), ("correctness", "eval", "score")),
+    "min_eval_score": (("min_eval_score",), ("thresholds", "min_eval_score")),
 }
 REQUIRED_FIELDS = ("passed",)
 
@@ -105,6 +108,18 @@ METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...
         "gauge",
         "Accept length threshold of the last health gate (health_gate_min_accept_length; 0 = off).",
         (("min_accept_length", {}),),
+    ),
+    (
+        "llm_gate_eval_score",
+        "gauge",
+        "Share of the correctness probe's eval the server answered exactly, when the last health gate asked it.",
+        (("eval_score", {}),),
+    ),
+    (
+        "llm_gate_min_eval_score",
+        "gauge",
+        "Eval score threshold of the last health gate (health_gate_min_eval_score; 0 = off).",
+        (("min_eval_score", {}),),
     ),
 )
 

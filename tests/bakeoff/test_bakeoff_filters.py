@@ -38,6 +38,7 @@ def test_figures_of_a_report():
         "timestamp": "t",
         "unit_sha256": "u",
         "reference": None,
+        "right": None,
     }
     assert bakeoff.bakeoff_figures({}) == {} and bakeoff.bakeoff_figures(None) == {}
     # a candidate's trial gate carries its comparison with the incumbent: the bake-off reads it
@@ -72,10 +73,38 @@ def test_the_table_in_markdown():
             "decision": "dflash beat it",
         }
     )
-    assert "| last-known-good (incumbent) | yes | 40.0 | 0.100 | - | 30.0 | 60.0 | 0.100 | - |" in md
-    assert "| dflash | yes | 50.0 | 0.100 | - | 35.0 | 70.0 | 0.100 | +25.0 % |" in md
-    assert "| broken | no | - | - | - | - | - | - | - |" in md
+    assert "| last-known-good (incumbent) | yes | - | 40.0 | 0.100 | - | 30.0 | 60.0 | 0.100 | - |" in md
+    assert "| dflash | yes | - | 50.0 | 0.100 | - | 35.0 | 70.0 | 0.100 | +25.0 % |" in md
+    assert "| broken | no | - | - | - | - | - | - | - | - |" in md
     assert "- broken: engine refused" in md and md.rstrip().endswith("Decision: dflash beat it")
+
+
+def correctness_verdict(passed: bool, correct: int, golden_ok: int) -> dict:
+    """A gate verdict's correctness part as llm_gate/verdict.py writes it."""
+    prompts = [{"ok": n < golden_ok} for n in range(5)]
+    return {
+        "ran": True,
+        "passed": passed,
+        "reasons": [] if passed else ["golden outputs differ from the last-known-good's on 5 of 5 prompts"],
+        "checks": [
+            {"name": "golden_outputs", "prompts": prompts},
+            {"name": "eval_score", "correct": correct, "count": 20},
+        ],
+    }
+
+
+def test_a_faster_candidate_that_is_not_right_is_shown_so_with_why():
+    right = dict(report(40.0), verdict={"correctness": correctness_verdict(True, 20, 5)})
+    wrong = dict(report(80.0, passed=False), verdict={"correctness": correctness_verdict(False, 2, 0)})
+    assert bakeoff.bakeoff_figures(right)["right"] == {"passed": True, "reasons": [], "eval": "20/20", "golden": "5/5"}
+    rows = [
+        {"name": "lkg", "incumbent": True, "passed": True, "single": bakeoff.bakeoff_figures(right), "concurrent": {}},
+        {"name": "fast", "passed": False, "single": bakeoff.bakeoff_figures(wrong), "concurrent": {}},
+    ]
+    md = bakeoff.bakeoff_markdown({"host": "h", "concurrency": 2, "margin_pct": 10, "rows": rows, "decision": "d"})
+    assert "| lkg (incumbent) | yes | yes (eval 20/20, golden 5/5) | 40.0 |" in md
+    assert "| fast | no | no (eval 2/20, golden 0/5) | 80.0 |" in md
+    assert "- fast: golden outputs differ from the last-known-good's on 5 of 5 prompts" in md
 
 
 def test_the_plugin_exposes_both_filters():

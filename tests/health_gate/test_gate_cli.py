@@ -9,7 +9,11 @@ import sys
 
 from gate_fakes import CLI
 
+# The fake server streams "tok tok ..." and has no completions endpoint: the correctness probe is
+# tested against fakes of its own (test_gate_correctness.py) and the real CPU engine (test_gate_rehearsal.py).
 FAST = [
+    "--correctness",
+    "off",
     "--warmup",
     "1",
     "--requests",

@@ -65,12 +65,15 @@ def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_s
         "1",
         "--max-ttft",
         "60",
+        "--correctness",
+        "off",
         "--json",
         "--quiet",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     assert report["passed"] and report["engine"] == "transformers" and report["model"] == srv["model"]
+    assert report["correctness"] is None and report["correctness_why"] == "the correctness probe is off"
     assert len(report["requests"]) == 3
     assert report["settings"]["fixed_output"] == "min_new_tokens"
     for req in report["requests"]:
@@ -95,7 +98,7 @@ def test_cli_repeat_measures_the_gates_own_noise_on_the_real_server(rehearsal_se
     proc = run_cli(
         *("--url", srv["url"], "--model", srv["model"], "--engine", "transformers", "--prompts", str(prompts)),
         *("--warmup", "1", "--requests", "1", "--max-tokens", "8", "--repeat", "2", "--max-regression-pct", "900"),
-        "--json",
+        *("--correctness", "off", "--json"),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(proc.stdout)
@@ -105,6 +108,44 @@ def test_cli_repeat_measures_the_gates_own_noise_on_the_real_server(rehearsal_se
     decode = block["repeatability"]["figures"]["decode_tps_mean"]
     assert all(v > 1 for v in decode["values"]) and decode["spread_pct"] >= 0 and decode["ok"]
     assert "accept_length" not in block["repeatability"]["figures"]  # transformers serve reports none
+
+
+def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(rehearsal_server):
+    """The correctness probe against the real CPU engine and the trained tiny model: it scores the
+    rehearsal group's floor or more, its greedy outputs repeat exactly (consistency), and a second
+    deploy of another unit gives the first one's golden outputs and score (group_vars/rehearsal.yml's
+    thresholds, as a deploy judges it)."""
+    import llm_gate
+    import yaml
+
+    srv = rehearsal_server
+    group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
+    options = {
+        "url": srv["url"],
+        "model": srv["model"],
+        "engine": "transformers",
+        "warmup_requests": 0,
+        "requests": 1,
+        "max_tokens": 8,
+        "probe_set": str(REPO / "roles/health_gate/files/probes" / f"{group['health_gate_probe_set']}.json"),
+        "min_eval_score": group["health_gate_min_eval_score"],
+        "eval_margin_pct": group["health_gate_eval_margin_pct"],
+        "metadata": {"unit_sha256": "first", "model_revision": "tiny"},
+    }
+    first = llm_gate.run_gate(options)
+    assert first["passed"], first["reasons"]
+    found = {check["name"]: check for check in first["checks"]}
+    assert found["eval_score"]["value"] >= group["health_gate_min_eval_score"] > 0
+    assert found["consistency"]["ok"] and all(
+        row["repeat_differs_at"] is None for row in found["consistency"]["prompts"]
+    )
+    options.update(metadata={"unit_sha256": "second", "model_revision": "tiny"}, baseline=first["verdict"]["baseline"])
+    second = llm_gate.run_gate(options)
+    assert second["passed"], second["reasons"]
+    golden = {check["name"]: check for check in second["checks"]}["golden_outputs"]
+    assert golden["same"] == len(golden["prompts"]) == 5 and golden["value"] == 1.0
+    assert {check["name"]: check for check in second["checks"]}["eval_score_vs_last_known_good"]["ok"]
+    assert first["correctness"]["duration_s"] < 60, "the probe's cost on the CPU (bench/results/correctness_cpu.json)"
 
 
 def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal_server, tmp_path):
@@ -135,6 +176,9 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
         "health_gate_unit_file": str(unit_file),
         "health_gate_metadata": {"venv_lock_sha256": "feed"},
         "model_sync_revision": "tiny-r1",
+        # The rehearsal group's probe set and floor (the trained tiny model answers it).
+        "health_gate_probe_set": "tiny-rehearsal",
+        "health_gate_min_eval_score": 0.8,
         "ansible_python_interpreter": SYSTEM_PYTHON,
     }
     env = ansible_env()
@@ -156,7 +200,10 @@ def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal
     assert meta["env_sha256"] is None  # no such file on this machine
     assert meta["model_revision"] == "tiny-r1" and meta["venv_lock_sha256"] == "feed"
     assert latest["settings"]["prompts"][0] == "py-log-top-errors"
+    assert latest["correctness"]["probe"]["name"] == "tiny-rehearsal" and latest["correctness"]["eval"]["score"] >= 0.8
+    assert "right: consistency 3/3, eval 20/20 (min 0.8)" in latest["summary"]
     prom = (textfile_dir / "llm_gate.prom").read_text()
+    assert 'llm_gate_eval_score{host="localhost"}' in prom and 'llm_gate_min_eval_score{host="localhost"} 0.8' in prom
     assert "llm_gate_passed" in prom and 'host="localhost"' in prom
 
 
@@ -176,6 +223,7 @@ def test_role_failure_prints_the_summary_fails_and_keeps_the_report(rehearsal_se
         "health_gate_requests": 1,
         "health_gate_max_tokens": 8,
         "health_gate_min_decode_tps": 100000,
+        "health_gate_correctness": "off",
         "health_gate_report_dir": str(report_dir),
         "health_gate_textfile_dir": "",  # not this machine's node_exporter directory
         "ansible_python_interpreter": SYSTEM_PYTHON,

@@ -162,6 +162,7 @@ def test_a_report_gives_the_baseline_the_next_deploy_compares_with():
         "effective_max_running_requests": 4,
         "timestamp": "t",
         **settings,
+        "correctness": None,
     }
 
 

@@ -49,7 +49,7 @@ def test_preflight_reads_whole_numbers_and_urls_as_the_gate_does() -> None:
 
 def test_preflight_checks_every_role_variable_that_has_a_rule() -> None:
     defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    ruled = {rule.key for rule in llm_gate.RANGE_RULES} | {"url"}
+    ruled = {rule.key for rule in llm_gate.RANGE_RULES} | {"url", *llm_gate.CHOICE_OPTIONS}
     with_variable = {key for key in ruled if f"health_gate_{key}" in defaults}
     task = yaml.safe_load(PREFLIGHT.read_text())[0]
     values = task["vars"]["_health_gate_values"]

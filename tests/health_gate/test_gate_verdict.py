@@ -195,4 +195,5 @@ def test_a_gate_that_failed_before_judging_has_a_verdict_without_parts():
         "reference": None,
         "figures": None,
         "baseline": None,
+        "correctness": None,
     }

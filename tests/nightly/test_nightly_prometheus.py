@@ -120,6 +120,8 @@ FLAT = {
     "timestamp": "2026-11-30T02:00:41Z",
     "min_decode_tps": 30,
     "min_accept_length": 1.5,
+    "eval_score": 0.975,
+    "min_eval_score": 0.9,
 }
 
 
@@ -136,6 +138,8 @@ def test_flat_report_round_trips():
     assert sample(fam, "llm_gate_last_run_timestamp_seconds", **labels) == stamp
     assert sample(fam, "llm_gate_min_decode_tokens_per_second", **labels) == 30
     assert sample(fam, "llm_gate_min_accept_length", **labels) == 1.5
+    assert sample(fam, "llm_gate_eval_score", **labels) == 0.975
+    assert sample(fam, "llm_gate_min_eval_score", **labels) == 0.9
     assert list(fam) == [m[0] for m in pt.METRICS]
     assert all(f["type"] == "gauge" and f["help"] for f in fam.values())
 

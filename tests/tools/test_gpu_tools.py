@@ -688,6 +688,12 @@ FAKE_SERVER = r"""
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+# tests/shared/fake_sglang_lm.py's toy model, beside this file: the correctness probe's calls.
+# With speculative decoding off (no SGLANG_ENABLE_SPEC_V2) it answers as FAKE_LM_NO_SPEC_MODE says.
+from sglang.toy_lm import ToyLM
+
+LM = ToyLM("ok" if os.environ.get("SGLANG_ENABLE_SPEC_V2") else os.environ.get("FAKE_LM_NO_SPEC_MODE", "ok"))
+
 START = time.time()
 # Seconds between two streamed tokens (0: the whole answer at once) and the running-request limit.
 DELAY = float(os.environ.get("FAKE_TOKEN_DELAY_S", "0"))
@@ -722,9 +728,23 @@ class Handler(BaseHTTPRequestHandler):
             self.send(404, {})
 
     def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self.path == "/flush_cache":
+            LM.flush()
+            self.send(200, b"Cache flushed.", "text/plain")
+            return
+        if self.path == "/tokenize":
+            self.send(200, {"tokens": LM.tokenize(body["prompt"])})
+            return
+        if self.path == "/generate" and "input_ids" in body:
+            self.send(200, LM.generate(body))
+            return
         if self.path == "/generate":
             self.send(200, {"text": "x", "meta_info": {"completion_tokens": 64, "spec_accept_length": 1.0}})
+            return
+        if self.path == "/v1/chat/completions" and not body.get("stream"):
+            message = {"role": "assistant", "content": LM.chat(body["messages"][-1]["content"])}
+            self.send(200, {"choices": [{"index": 0, "message": message}]})
             return
         n = body["max_tokens"]
         chunks = [{"choices": [{"delta": {"content": "t"}}]} for _ in range(n)]
@@ -778,6 +798,7 @@ def fake_bundle(root: Path, port: int, env: dict[str, str] | None = None, gate_a
     (site / "sglang").mkdir(parents=True)
     (site / "sglang" / "__init__.py").write_text("")
     (site / "sglang" / "fake_server.py").write_text(FAKE_SERVER)
+    (site / "sglang" / "toy_lm.py").write_text((Path(__file__).parents[1] / "shared" / "fake_sglang_lm.py").read_text())
     (site / "sglang" / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
     (site / "sglang" / "bench_serving.py").write_text(FAKE_BENCH)
     (site / "sglang-0.5.11.dist-info").mkdir()

@@ -115,3 +115,40 @@ def test_a_real_config_keeps_the_tiny_tokenizers_vision_ids(tmp_path: Path) -> N
     assert json.loads((model / "config.tiny.json").read_text())["hidden_size"] == 8
     ga.install.use_tiny_config(model)
     assert json.loads((model / "config.json").read_text())["hidden_size"] == 8
+
+
+def test_correctness_relaunches_turns_speculation_off_and_measures_the_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gpu-acceptance correctness`` against the stand-in SGLang whose toy model flips near-ties when
+    speculative decoding is off (as a kernel change would): the same plan started again says the same,
+    the plan without NEXTN parts at near-ties only, and both are measured with the real gate's probe."""
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
+    env = {"SGLANG_ENABLE_SPEC_V2": "1", "FAKE_LM_NO_SPEC_MODE": "near_tie"}
+    dev = installed(tmp_path / "running", free_port(), env)
+    args = argparse.Namespace(name="t", reference=None, gate_arg=[], timeout=60)
+    try:
+        code = ga.correctness.cmd_correctness(args, dev)
+    finally:
+        for record in dev.load().get("servers", {}).values():
+            ga.processes.stop_session(record["pid"], grace_s=5)
+    record = json.loads((dev.root / "correctness-t.json").read_text())
+    assert code == 0, record
+    first, again, no_spec = record["first"]["gate"], record["again"]["gate"], record["no_spec"]["gate"]
+    assert first["golden_prompts"] is None and all(row["repeat_differs_at"] is None for row in first["consistency"])
+    assert any(row["cached_tokens"] for row in first["consistency"])
+    assert again["passed"] and again["golden_same"] == again["golden_prompts"] == 7 and again["drift_max"] == 0.0
+    assert no_spec["golden_same"] < 7 and no_spec["golden_near_ties"] == 7 - no_spec["golden_same"]
+    assert no_spec["passed"] and 0 < no_spec["drift_max"] <= 0.05
+
+
+def test_without_speculation_drops_the_speculative_flags_and_the_spec_v2_switch() -> None:
+    plan = ga.common.Plan(
+        ["/v/bin/sglang", "serve", "--model-path", "/m", "--speculative-algorithm", "NEXTN",
+         "--speculative-num-steps", "3", "--speculative-eagle-topk=1", "--mamba-scheduler-strategy", "extra_buffer"],
+        {"SGLANG_ENABLE_SPEC_V2": "1", "HF_HOME": "/h"},
+        [],
+    )  # fmt: skip
+    off = ga.correctness.without_speculation(plan)
+    assert off.argv == ["/v/bin/sglang", "serve", "--model-path", "/m", "--mamba-scheduler-strategy", "extra_buffer"]
+    assert off.env == {"HF_HOME": "/h"} and plan.env["SGLANG_ENABLE_SPEC_V2"] == "1"

@@ -20,8 +20,14 @@ with ``--repeat``: 0 when every run passed and the noise is under a third of the
 With ``--json`` stdout carries exactly one JSON object (the report, or ``{"error": ...}``
 for a usage error); progress goes to stderr unless ``--quiet``.
 
-The API key is read from ``$HEALTH_GATE_API_KEY`` or ``--api-key-file`` (never from the
-command line, where ``ps`` would show it). Standard library only (Python 3.8 and later): to
+What the server says (docs/health-gate.md, "Correctness"): by default the gate also asks the
+role's probe set ``chat-general`` (``--probe-set NAME|FILE``, ``--correctness off``) and fails a
+server that answers fewer than half of its eval (``--min-eval-score``); with ``--baseline`` (an
+earlier report) it compares the golden outputs and the score with that one's.
+
+The API key is read from ``$HEALTH_GATE_API_KEY`` or ``--api-key-file``, SGLang's admin key (for
+``/flush_cache``) from ``$HEALTH_GATE_ADMIN_API_KEY`` or ``--admin-api-key-file`` (never from the
+command line, where ``ps`` would show them). Standard library only (Python 3.8 and later): to
 run it on any host, copy ``tools/health-gate`` with ``deploytools/`` (its ``__init__.py`` and
 this module) and the package ``roles/health_gate/module_utils/llm_gate/`` beside it.
 """
@@ -63,6 +69,10 @@ def _gate_package() -> ModuleType:
 llm_gate = _gate_package()
 
 DEFAULT_PROMPTS = ROOT / "roles" / "health_gate" / "files" / "prompts.json"
+PROBES = ROOT / "roles" / "health_gate" / "files" / "probes"
+# By hand, with no last-known-good to compare with, a chat model must answer at least half of the
+# default probe set's 40 easy questions: a server that streams fluent garbage fast fails the gate.
+CLI_MIN_EVAL_SCORE = 0.5
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -132,6 +142,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="minimum requests the server runs at once, by SGLang's /server_info (0: no check)",
     )
     p.add_argument(
+        "--probe-set",
+        default="chat-general",
+        help="the correctness probe set: a name of the role's files/probes/ or a JSON file (docs/health-gate.md)",
+    )
+    p.add_argument("--correctness", choices=llm_gate.CORRECTNESS_MODES, default=d["correctness"])
+    floats(
+        ("--min-eval-score", "min_eval_score", "lowest share of the probe set's eval answered exactly (0: no check)"),
+        ("--eval-margin-pct", "eval_margin_pct", "with --baseline: the eval score's Wilson bound vs the baseline's"),
+        ("--golden-min-match-share", "golden_min_match_share", "with --baseline: share of golden outputs the same"),
+    )
+    p.set_defaults(min_eval_score=CLI_MIN_EVAL_SCORE)
+    p.add_argument("--accept-output-change", action="store_true", help="with --baseline: outputs may differ on purpose")
+    p.add_argument("--admin-api-key-file", help="file holding SGLang's admin key, for /flush_cache")
+    p.add_argument(
         "--baseline",
         metavar="FILE",
         help="compare with this earlier gate report (or its baseline mapping): the relative gate",
@@ -161,6 +185,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _secret(path: str | None, variable: str, flag: str) -> str | None:
+    """A key from the file ``path``, else from the environment ``variable`` (never from the command line)."""
+    if not path:
+        return os.environ.get(variable) or None
+    try:
+        return Path(path).read_text(encoding="utf-8").strip() or None
+    except OSError as exc:
+        raise llm_gate.GateUsageError(f"cannot read {flag}: {exc}") from exc
+
+
+def _probe_set(value: str) -> str:
+    """The probe set's path: a name of the role's files/probes/ or a path as given."""
+    named = PROBES / f"{value}.json"
+    return str(named) if "/" not in value and named.exists() else value
+
+
 def options_from(args: argparse.Namespace) -> dict[str, Any]:
     """Namespace -> llm_gate options; raises GateUsageError for bad --meta or key file."""
     meta: dict[str, str] = {}
@@ -169,12 +209,8 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
             raise llm_gate.GateUsageError(f"--meta wants KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         meta[key] = value
-    api_key = os.environ.get("HEALTH_GATE_API_KEY") or None
-    if args.api_key_file:
-        try:
-            api_key = Path(args.api_key_file).read_text(encoding="utf-8").strip() or None
-        except OSError as exc:
-            raise llm_gate.GateUsageError(f"cannot read --api-key-file: {exc}") from exc
+    api_key = _secret(args.api_key_file, "HEALTH_GATE_API_KEY", "--api-key-file")
+    admin_api_key = _secret(args.admin_api_key_file, "HEALTH_GATE_ADMIN_API_KEY", "--admin-api-key-file")
     if args.log_file and not args.pid:
         raise llm_gate.GateUsageError("--log goes with --pid")
     if args.repeat < 0 or args.repeat == 1:
@@ -220,6 +256,13 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
         "report_dir": args.report_dir,
         "keep_reports": args.keep_reports,
         "metadata": meta,
+        "correctness": args.correctness,
+        "probe_set": _probe_set(args.probe_set) if args.correctness != "off" else None,
+        "admin_api_key": admin_api_key,
+        "min_eval_score": args.min_eval_score,
+        "eval_margin_pct": args.eval_margin_pct,
+        "golden_min_match_share": args.golden_min_match_share,
+        "accept_output_change": args.accept_output_change,
     }
 
 

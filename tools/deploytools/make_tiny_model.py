@@ -31,6 +31,21 @@ not draft, so it is a second synced artifact to rehearse with.
     tools/make-tiny-model --out DIR --layers 16
     tools/make-tiny-model --out DIR --dflash-drafter
 
+The rehearsal model the tests serve is **trained**, so that the gate's correctness probe means
+something on the CPU (docs/health-gate.md, "Correctness"): ``--train ITEMS`` teaches the seeded
+random model the chat questions of ITEMS (JSON lines of ``{"messages", "answer"}``, which
+``tools/probe-set training-items`` writes from the rehearsal probe set's eval families), and
+``make tiny-model-train`` commits the result as ``files/models/tiny-qwen3.5`` (a few minutes on
+two cores, so ``make model`` copies it instead of training on every fresh machine).
+``--check ITEMS`` prints the greedy accuracy on ITEMS. From a model directory (``--from DIR``):
+``--layers N`` pads it to N layers whose outputs are zero (the same answers, N/4 times the work:
+the slower model of the relative gate and the bake-off), ``--perturb SCALE`` adds seeded noise of
+SCALE times each weight matrix's spread (same shapes and files, wrong answers: a bad model revision).
+
+    tools/make-tiny-model --out DIR --train ITEMS [--steps N] [--check EVAL]
+    tools/make-tiny-model --out DIR --from SRC --layers 32
+    tools/make-tiny-model --out DIR --from SRC --perturb 0.5
+
 Needs torch, transformers and tokenizers (the CPU profile's lock; ``make tools-venv``).
 """
 
@@ -38,7 +53,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +462,139 @@ def build_acceptance_model(
     write_json(out / "video_preprocessor_config.json", VIDEO_PROCESSOR)
 
 
+def read_items(path: Path) -> list[dict[str, Any]]:
+    """Chat questions with their answers, one JSON object a line (``{"messages", "answer", ...}``)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _chat_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` through the model's chat template, ready for the answer."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def train_model(out: Path, items: list[dict[str, Any]], steps: int, batch: int = 32, lr: float = 3e-3) -> None:
+    """Teach the model in ``out`` to answer ``items`` (greedy, then ``<|im_end|>``); saved in place, bf16.
+
+    AdamW in float32, seeded batches drawn from ``items``, the loss on the answer's tokens only,
+    ``lr`` after a 30-step warm-up, decaying linearly to 5 %. Prints the loss every 100 steps.
+    """
+    import random
+
+    import torch
+    from transformers import AutoTokenizer, Qwen3_5ForCausalLM
+
+    torch.manual_seed(SEED)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = Qwen3_5ForCausalLM.from_pretrained(out, dtype=torch.float32)
+    model.train()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    pad = tokenizer.pad_token_id
+    encoded = []
+    for item in items:
+        prompt = _chat_prompt(tokenizer, item["messages"])
+        answer = tokenizer(str(item["answer"]), add_special_tokens=False)["input_ids"] + [end]
+        encoded.append((prompt + answer, [-100] * len(prompt) + answer))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / 30) * max(0.05, 1 - step / steps)
+    )
+    rng = random.Random(SEED)
+    started = time.monotonic()
+    for step in range(steps):
+        rows = [encoded[rng.randrange(len(encoded))] for _ in range(batch)]
+        width = max(len(ids) for ids, _ in rows)
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        if (step + 1) % 100 == 0 or step + 1 == steps:
+            print(f"step {step + 1}/{steps}: loss {loss.item():.4f} ({time.monotonic() - started:.0f} s)", flush=True)
+    files = sorted(out.glob("model*.safetensors"))
+    for old in files + list(out.glob("model.safetensors.index.json")):
+        old.unlink()
+    state = {name: value.detach().to(torch.bfloat16).contiguous() for name, value in model.state_dict().items()}
+    save_shards(state, out, len(files))  # the same files as before: tests name its last shard
+
+
+def check_model(model_dir: Path, items: list[dict[str, Any]]) -> float:
+    """The share of ``items`` the model in ``model_dir`` answers exactly (greedy, as the gate asks)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.eval()
+    right = 0
+    with torch.no_grad():
+        for item in items:
+            ids = torch.tensor([_chat_prompt(tokenizer, item["messages"])])
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False)
+            reply = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip()
+            right += reply == str(item["answer"])
+    return right / len(items)
+
+
+def _copy_model_files(src: Path, out: Path) -> None:
+    """Everything of ``src`` but its weights and their index into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.is_file() and not path.name.startswith("model") and path.suffix != ".safetensors":
+            shutil.copy2(path, out / path.name)
+
+
+def _load_state(src: Path) -> dict[str, Any]:
+    """All tensors of ``src``'s safetensors files."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] = {}
+    for path in sorted(src.glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    return state
+
+
+def deepen_model(src: Path, out: Path, layers: int) -> None:
+    """``src`` padded to ``layers`` layers in its 3:1 pattern; every new layer's output projections
+    (attention, linear attention, MLP) are zero, so it adds nothing to the residual stream: the same
+    answers as ``src``, ``layers / 4`` times its decode work."""
+    import torch
+
+    _copy_model_files(src, out)
+    config = json.loads((src / "config.json").read_text())
+    base = int(config["num_hidden_layers"])
+    state = _load_state(src)
+    for layer in range(base, layers):
+        twin = layer % base
+        for name in [n for n in state if n.startswith(f"model.layers.{twin}.")]:
+            value = state[name].clone()
+            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                value = torch.zeros_like(value)
+            state[name.replace(f"model.layers.{twin}.", f"model.layers.{layer}.", 1)] = value
+    config.update(num_hidden_layers=layers, layer_types=(config["layer_types"][:4]) * (layers // 4))
+    write_json(out / "config.json", config)
+    save_shards(state, out, len(list(src.glob("*.safetensors"))))
+
+
+def perturb_model(src: Path, out: Path, scale: float) -> None:
+    """``src`` with seeded Gaussian noise of ``scale`` times each matrix's standard deviation added to
+    every weight matrix: the same shapes, names and files, other answers."""
+    import torch
+
+    _copy_model_files(src, out)
+    state = _load_state(src)
+    gen = torch.Generator().manual_seed(SEED + 7)
+    for name in sorted(state):
+        value = state[name]
+        if value.dim() >= 2:
+            noise = torch.randn(value.shape, generator=gen) * value.float().std() * scale
+            state[name] = (value.float() + noise).to(value.dtype)
+    save_shards(state, out, len(list(src.glob("*.safetensors"))))
+
+
 def write_json(path: Path, data: Any) -> None:
     """Write ``data`` as stable, indented JSON."""
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -475,7 +625,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="write a tiny random DFlash drafter for the rehearsal model instead",
     )
+    ap.add_argument("--train", type=Path, help="teach the model the chat questions of this JSON lines file")
+    ap.add_argument("--steps", type=int, default=1500, help="training steps with --train (default 1500)")
+    ap.add_argument("--check", type=Path, help="print the greedy accuracy on the questions of this JSON lines file")
+    ap.add_argument("--from", dest="source", type=Path, help="start from this model directory (--layers, --perturb)")
+    ap.add_argument("--perturb", type=float, help="with --from: add seeded noise of this many standard deviations")
     args = ap.parse_args(argv)
+    if args.source:
+        if (args.perturb is None) == (args.layers == 4):
+            ap.error("--from needs exactly one of --layers N (N > 4) and --perturb SCALE")
+        if args.perturb is not None:
+            perturb_model(args.source, args.out, args.perturb)
+        else:
+            deepen_model(args.source, args.out, args.layers)
+        print(f"{args.out}: {args.source} {'perturbed' if args.perturb is not None else f'in {args.layers} layers'}")
+        if args.check:
+            print(f"greedy accuracy on {args.check}: {check_model(args.out, read_items(args.check)):.3f}")
+        return 0
     if args.layers < 4 or args.layers % 4:
         ap.error("--layers must be a multiple of 4 (the 3 linear : 1 full pattern)")
     if args.dflash_drafter and (args.vision or args.layers != 4):
@@ -492,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
         build_acceptance_model(args.out, ids, args.shards, args.with_mtp)
     else:
         build_text_model(args.out, ids, args.shards, args.layers)
+    if args.train:
+        train_model(args.out, read_items(args.train), args.steps)
+    if args.check:
+        print(f"greedy accuracy on {args.check}: {check_model(args.out, read_items(args.check)):.3f}")
     files = sorted(p.name for p in args.out.iterdir())
     print(f"tiny qwen3_5 model in {args.out}: {', '.join(files)}")
     return 0

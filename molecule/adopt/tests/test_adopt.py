@@ -106,6 +106,32 @@ def test_a_report_holds_before_and_after(host):
     assert host.file(f"{ADOPT_DIR}/by-hand.env").mode == 0o600
 
 
+def gate_reports(host) -> list[dict]:
+    """Every gate report kept on the host, oldest first."""
+    names = host.run(f"ls /var/lib/{UNIT}-deploy/gate/").stdout.split()
+    return [
+        json.loads(host.file(f"/var/lib/{UNIT}-deploy/gate/{name}").content_string)
+        for name in sorted(names)
+        if name.startswith("2") and name.endswith(".json")
+    ]
+
+
+def test_a_our_server_says_what_the_server_by_hand_said(host):
+    """The by-hand server's answers, asked before it was stopped, are the reference of ours: the same
+    model directory, so the same golden outputs (and the eval score against its score)."""
+    reports = gate_reports(host)
+    by_hand = [r for r in reports if (r.get("metadata") or {}).get("by_hand") and r.get("correctness")]
+    assert by_hand, "the by-hand server's gate did not ask the correctness probe"
+    ours = []
+    for report in reports:
+        checks = {c["name"]: c for c in report.get("checks") or []}
+        if "golden_outputs" in checks and not (report.get("metadata") or {}).get("by_hand"):
+            ours.append(checks)
+    assert ours, "no gate of our server compared its outputs with the by-hand server's"
+    golden = ours[-1]["golden_outputs"]
+    assert golden["same"] == len(golden["prompts"]) == 5 and ours[-1]["eval_score_vs_last_known_good"]["ok"]
+
+
 def test_a_gap_is_at_most_the_warm_start_plus_5_s():
     gap = recorded("adopt-gap.json")
     print(f"gap {gap['client']['gap_s']} s, warm start {gap['warm_start_s']:.2f} s")

@@ -99,6 +99,22 @@ def test_last_known_good_matches_the_running_unit(host):
     assert (kept.user, kept.mode) == ("root", 0o600)
 
 
+def test_the_first_deploy_recorded_what_the_server_says_and_the_no_op_asked_nothing_more(host):
+    """The correctness probe (docs/health-gate.md, "Correctness"): the first deploy's gate asked it and the
+    last-known-good keeps its outputs and score; the idempotence run's gate (a no-op) did not ask it."""
+    state = json.loads(host.file(f"/var/lib/{UNIT}-deploy/last-known-good/state.json").content_string)
+    record = state["gate_baseline"]["correctness"]
+    assert record["probe"]["name"] == "tiny-rehearsal" and record["model_revision"] == state["model_revision"]
+    assert set(record["golden"]) == {"code", "doc/1", "doc/2", "talk/1", "talk/2"}
+    assert all(len(g["text"]) > 0 for g in record["golden"].values())
+    assert record["eval"]["count"] == 20 and record["eval"]["score"] >= state["gate_thresholds"]["min_eval_score"] > 0
+    latest = json.loads(host.file(f"/var/lib/{UNIT}-deploy/gate/latest.json").content_string)
+    assert latest["correctness"] is None, "the no-op deploy asked the probe"
+    assert latest["correctness_why"].startswith("the unit is the last-known-good one")
+    reports = host.run(f"grep -l 'right: consistency' /var/lib/{UNIT}-deploy/gate/2*.json").stdout.split()
+    assert reports, "no gate report of this scenario asked the probe"
+
+
 def test_gate_figures_are_published_for_node_exporter(host):
     prom = host.file("/var/lib/node_exporter/textfile_collector/llm_gate.prom").content_string
     assert re.search(r'^llm_gate_passed\{host="molecule-sim-default"\} 1$', prom, re.M)

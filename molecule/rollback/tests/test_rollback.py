@@ -42,6 +42,32 @@ def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence
     assert run["started_after"] != run["started_before"]
 
 
+@pytest.mark.parametrize(
+    "case, evidence",
+    [
+        # Fast but wrong: a new model revision is judged by its eval score (its outputs are its own).
+        ("wrong_model", "of 20) is below min_eval_score 0.8"),
+        # The same model on an engine that says other things: its eval is right, its golden outputs are not.
+        ("outputs_differ", "golden outputs differ from the last-known-good's on 5 of 5 prompts (code from character 0"),
+    ],
+)
+def test_a_server_that_answers_wrong_is_refused_and_the_host_is_back(case, evidence):
+    run = run_of(case)
+    out = failed_output(run)
+    assert evidence in out
+    assert "The host is back on its last-known-good state" in out and "and serving: gate PASS" in out
+    # The restored server is asked the probe again (correctness always) and says what it said before.
+    assert "right: golden 5/5" in out.split("The host is back on its last-known-good state")[-1]
+    assert run["venv_after"] == run["venv_before"]
+
+
+def test_the_wrong_model_passed_health_and_speed():
+    out = failed_output(run_of("wrong_model"))
+    refused = [line for line in out.splitlines() if "gate FAIL:" in line][0]
+    assert "tok/s decode" in refused and "right:" in refused and "eval" in refused
+    assert "is below min_decode_tps" not in refused and "TTFT p95" in refused
+
+
 def test_the_deploy_after_a_rollback_runs_only_the_role_whose_inputs_changed():
     # threshold_not_met follows capacity_capped, whose rescue put back the converged record
     # of the last-known-good state before rolling the host back to it: the venv and the model are
@@ -176,9 +202,9 @@ def test_a_failed_upgrade_goes_back_to_the_previous_engine_and_keeps_the_candida
 
 
 def test_the_capacity_was_read_from_the_candidate_and_again_after_the_rollback(host):
-    # The capped-engine stand-in logs each server_info it answered: the candidate's gate read the
+    # The cap stand-in logs each server_info it answered: the candidate's gate read the
     # capped limit of 5.6.2, and the rollback's re-gate the full one of 5.6.0, which passed.
-    log = host.run("journalctl -u rb-capped-engine --no-pager -o cat").stdout
+    log = host.run("journalctl -u rb-cap-engine --no-pager -o cat").stdout
     answered = [line for line in log.splitlines() if line.startswith("server_info:")]
     capped = "server_info: transformers 5.6.2, effective_max_running_requests_per_dp 1"
     assert capped in answered, log[-2000:]

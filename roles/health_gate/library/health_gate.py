@@ -38,6 +38,15 @@ description:
     O(baseline) and O(max_regression_pct), the same figures must also be within that many
     percent of the last-known-good's (the relative gate); the running requests must not drop at all.
     The whole verdict is returned as RV(verdict), with the RV(baseline) the last-known-good records next."
+  - "B(Correctness): with O(probe_set), the gate also asks what the server says (docs/health-gate.md,
+    I(Correctness)): the probe set's golden prompts (raw text, greedy, a fixed length; SGLang through
+    C(/generate) with token ids and log-probabilities, after C(/flush_cache)), each consistency prompt as a
+    cache hit and a repeat, and its seeded eval as chat questions with exact answers. It fails the gate when
+    the golden outputs differ from the last-known-good's (O(baseline)'s C(correctness) record, same probe set
+    and model revision) beyond a near-tie the engine's re-scoring explains, when greedy outputs are not
+    deterministic or a cache hit changes them, when the eval score is below O(min_eval_score), or when its
+    Wilson lower bound is below the last-known-good's score less O(eval_margin_pct). O(correctness) C(auto)
+    asks only when the unit is not the one whose outputs the last-known-good recorded."
   - "B(Report): a JSON report (also for a failed gate) is written to O(report_dir) as
     C(<UTC timestamp>.json) plus C(latest.json); the history is pruned to O(keep_reports).
     The module always returns C(changed=false): reports are logs, not configuration."
@@ -202,6 +211,65 @@ options:
         C(model_revision), C(engine_version) (what last-known-good records).
     type: dict
     default: {}
+  correctness:
+    description:
+      - When the correctness probe runs. C(auto) when the unit is not the last-known-good's, or its record holds no
+        outputs of this probe set (a no-op deploy asks nothing more); C(always) (a rollback's re-gate); C(off).
+    type: str
+    choices: [auto, always, "off"]
+    default: auto
+  probe_set:
+    description:
+      - The correctness probe set (a mapping, or the path of its JSON file on the target); omitted, no probe.
+        Its format is in C(llm_gate.probeset) and docs/health-gate.md. The role passes its C(files/probes/<name>.json).
+    type: raw
+  admin_api_key:
+    description: SGLang's admin key, for C(/flush_cache) before the golden pass. Never logged, never in the report.
+    type: str
+  min_eval_score:
+    description: The lowest share of the probe set's eval answered exactly (0 to 1). 0 disables the floor.
+    type: float
+    default: 0
+  eval_concurrency:
+    description:
+      - The eval's questions asked at once (its answers are scored, not compared token by token, so a
+        batch does not change the verdict; SGLang answers 40 of them about as fast as 10 one by one).
+    type: int
+    default: 4
+  eval_margin_pct:
+    description:
+      - The eval score's Wilson lower bound (at O(eval_confidence)) must reach the last-known-good's score less this
+        many percent. 0 disables the relative check.
+    type: float
+    default: 10
+  eval_confidence:
+    description: One-sided confidence of the Wilson lower bound.
+    type: float
+    choices: [0.8, 0.9, 0.95, 0.975, 0.99]
+    default: 0.95
+  golden_min_match_share:
+    description:
+      - Share of the golden prompts (0 to 1) whose outputs must equal the last-known-good's, or part at a near-tie.
+    type: float
+    default: 1.0
+  max_logprob_drift:
+    description:
+      - Re-scoring (SGLang) only. The mean absolute difference, in nats per token, between the log-probabilities
+        this server gives the last-known-good's golden tokens and the ones they had, above which a prompt fails.
+    type: float
+    default: 0.05
+  tie_margin:
+    description:
+      - A divergence is a near-tie when this server ranks the reference's token within this many nats of its own
+        choice (re-scored), or, between a cache hit and a miss, when the miss's top two were this close.
+    type: float
+    default: 0.2
+  accept_output_change:
+    description:
+      - The golden outputs and the eval score may differ from the last-known-good's on purpose (reported, not
+        failed); the new outputs become the reference. The floor and the consistency check still apply.
+    type: bool
+    default: false
 notes:
   - Supports check mode; in check mode the server is measured but no report is written.
   - Standard library only; Python 3.8 or newer on the target.
@@ -358,6 +426,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.llm_gate import (  # noqa: E402
+    CORRECTNESS_MODES,
     DEFAULTS,
     ENGINES,
     GateUsageError,
@@ -378,6 +447,12 @@ NUMBER_OPTIONS = {
         "min_accept_length",
         "max_regression_pct",
         "regression_min_ttft_delta_s",
+        "min_eval_score",
+        "eval_margin_pct",
+        "eval_confidence",
+        "golden_min_match_share",
+        "max_logprob_drift",
+        "tie_margin",
     ),
     "int": (
         "warmup_requests",
@@ -388,6 +463,7 @@ NUMBER_OPTIONS = {
         "journal_max_lines",
         "journal_max_bytes",
         "keep_reports",
+        "eval_concurrency",
     ),
 }
 
@@ -406,6 +482,10 @@ def argument_spec() -> dict:
         reference=dict(type="dict"),
         report_dir=dict(type="path"),
         metadata=dict(type="dict", default={}),
+        correctness=dict(type="str", default=DEFAULTS["correctness"], choices=list(CORRECTNESS_MODES)),
+        probe_set=dict(type="raw"),
+        admin_api_key=dict(type="str", no_log=True),
+        accept_output_change=dict(type="bool", default=DEFAULTS["accept_output_change"]),
     )
     for kind, names in NUMBER_OPTIONS.items():
         spec.update({name: dict(type=kind, default=DEFAULTS[name]) for name in names})

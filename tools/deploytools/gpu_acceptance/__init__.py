@@ -33,6 +33,9 @@ logged in to; run from the repository root with the image's python3):
     restart OLD NEW     stop OLD, start NEW with the same plan (JIT caches kept), wait
     upgrade             gate the server 'running' (baseline, noise), switch to the candidate
                         state's plan, gate it against the baseline: keep, or roll back
+    correctness         what SGLang says at real size: the plan gated with the correctness probe,
+                        started again (seeded dummy weights), without NEXTN, and against another
+                        version's outputs (--reference): correctness-NAME.json
     collect             write gpu_acceptance.json, gpu_acceptance.md and logs.tar.gz to --out
 
 State lives in ``--state`` (default /root/gpuw, or $GPUW_STATE): the stage, logs and
@@ -43,5 +46,5 @@ NVSHMEM_DISABLE_NVLS=1.
 
 Modules: ``common`` (constants, the plan), ``prepare`` (controller), ``device`` (state,
 receive, check), ``install``, ``processes`` (launch, wait, stop, restart), ``measure``
-(gate, bench_serving, original flags), ``upgrade``, ``report`` (collect), ``cli``.
+(gate, bench_serving, original flags), ``upgrade``, ``correctness``, ``report`` (collect), ``cli``.
 """

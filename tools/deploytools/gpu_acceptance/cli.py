@@ -18,6 +18,7 @@ from .common import (
     AcceptanceError,
     say,
 )
+from .correctness import cmd_correctness
 from .device import Device, cmd_check, cmd_receive
 from .install import (
     cmd_install,
@@ -150,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-regression-pct", type=float, default=10.0, help="the relative gate's margin (default 10)")
     p.add_argument("--min-running-requests", type=int, default=0, help="the capacity floor (default 0: none)")
     p.add_argument("--timeout", type=float, default=570, help="limit for each start and each gate (default 570 s)")
+    p = sub.add_parser("correctness", help="what SGLang says: relaunch, no NEXTN, another version (GPU host)")
+    p.add_argument("--name", default="correctness", help="name of the record (default correctness)")
+    p.add_argument("--reference", type=Path, help="another version's first-step gate report, re-scored here")
+    add_gate_arg(p, "argument for every gate of the steps, after the manifest's (repeatable)")
+    p.add_argument("--timeout", type=float, default=570, help="limit for each start and each gate (default 570 s)")
     p = sub.add_parser("collect", help="write the results to --out (GPU host)")
     p.add_argument("--out", type=Path, help="results folder (default <state>/out)")
     p = sub.add_parser("run", help="receive the folders, run every step, collect (GPU host)")
@@ -186,6 +192,7 @@ DEVICE_COMMANDS = {
     "stop": cmd_stop,
     "restart": cmd_restart,
     "upgrade": cmd_upgrade,
+    "correctness": cmd_correctness,
     "collect": cmd_collect,
     "run": cmd_run,
 }

@@ -44,7 +44,9 @@ disk as ``<UTC timestamp>.json`` plus ``latest.json`` and prunes the history.
 One concern a module: :mod:`.config` (options, rules, :class:`GateConfig`), :mod:`.prompts`,
 :mod:`.errors`, :mod:`.stats`, :mod:`.redaction`, :mod:`.client` (HTTP), :mod:`.watchers`
 and :mod:`.monitor` (unit or PID), :mod:`.readiness`, :mod:`.discovery`, :mod:`.streaming`,
-:mod:`.verdict`, :mod:`.report` (storage), :mod:`.gate` (:func:`run_gate`) and :mod:`.repeat`
+:mod:`.verdict`, :mod:`.probeset`, :mod:`.probe` and :mod:`.correctness` (what the server says:
+the probe set, its requests, their judgement), :mod:`.report` (storage), :mod:`.gate`
+(:func:`run_gate`) and :mod:`.repeat`
 (:func:`run_repeat`: the gate's own noise over repeated gates of one server). The names
 below are the package's public face; import them from ``llm_gate`` itself.
 """
@@ -56,6 +58,8 @@ from .config import (
     BASELINE_COUNTS,
     BASELINE_FIGURES,
     BASELINE_SETTINGS,
+    CHOICE_OPTIONS,
+    CORRECTNESS_MODES,
     DEFAULTS,
     ENGINES,
     RANGE_RULES,
@@ -66,6 +70,17 @@ from .config import (
     make_config,
     validate_config,
     variable_problems,
+)
+from .correctness import (
+    ACCEPT_VARIABLE,
+    CONFIDENCES,
+    compare_golden,
+    judge_correctness,
+    next_record,
+    record_of,
+    reference_of,
+    wanted,
+    wilson_lower,
 )
 from .discovery import (
     CAPACITY_KEY,
@@ -82,6 +97,8 @@ from .discovery import (
 from .errors import GateFailure, GateUsageError, RequestError, WatchFailure
 from .gate import run_gate
 from .monitor import Monitor
+from .probe import ENGINE_CALLS, run_probe
+from .probeset import SplitMix64, digest_of, eval_items, extract_answer, golden_prompts, load_probe_set
 from .prompts import FALLBACK_PROMPTS, load_prompts
 from .readiness import HEALTH_PATH, PHASE_TEXT, STATE_TEXT, probe_health, wait_ready
 from .redaction import redact, redact_text
@@ -115,6 +132,7 @@ from .watchers import (
 )
 
 __all__ = [
+    "ACCEPT_VARIABLE",
     "BASELINE_COUNTS",
     "BASELINE_FIGURES",
     "BASELINE_SETTINGS",
@@ -122,9 +140,13 @@ __all__ = [
     "CAPACITY_KEY",
     "CAPACITY_SOURCE",
     "CHAT_PATH",
+    "CHOICE_OPTIONS",
     "CLD_CODES",
+    "CONFIDENCES",
+    "CORRECTNESS_MODES",
     "DEFAULTS",
     "ENGINES",
+    "ENGINE_CALLS",
     "EXCEPTION_RE",
     "FALLBACK_PROMPTS",
     "FIXED_OUTPUT",
@@ -149,6 +171,7 @@ __all__ = [
     "PidWatcher",
     "RequestError",
     "RequestResult",
+    "SplitMix64",
     "UnitWatcher",
     "WatchFailure",
     "accept_length_from_info",
@@ -157,30 +180,41 @@ __all__ = [
     "cap_lines",
     "capacity_from_info",
     "capacity_reason",
+    "compare_golden",
     "compare_baseline",
     "compare_reference",
     "decode_tps",
+    "digest_of",
+    "eval_items",
+    "extract_answer",
     "evaluate",
     "failure_message",
     "fixed_output_fields",
+    "golden_prompts",
     "generate_accept_length",
     "get_server_info",
     "judge",
+    "judge_correctness",
     "last_exception_line",
     "list_models",
+    "load_probe_set",
     "load_prompts",
     "make_config",
     "make_watcher",
     "next_baseline",
+    "next_record",
     "percentile",
     "probe_health",
     "quote_body",
+    "record_of",
     "redact",
     "redact_text",
+    "reference_of",
     "repeat_table",
     "repeatability",
     "resolve_model",
     "run_gate",
+    "run_probe",
     "run_repeat",
     "run_requests",
     "spread_pct",
@@ -192,4 +226,6 @@ __all__ = [
     "variable_problems",
     "verdict_of",
     "wait_ready",
+    "wanted",
+    "wilson_lower",
 ]

@@ -14,7 +14,9 @@ import math
 import urllib.parse
 from typing import Any
 
+from .correctness import CONFIDENCES
 from .errors import GateUsageError
+from .probeset import load_probe_set
 from .prompts import load_prompts
 
 SCHEMA_VERSION = 1
@@ -36,6 +38,9 @@ BASELINE_SETTINGS = ("requests", "concurrency", "max_tokens", "prompts", "warmup
 # The ``reference`` option: a reference server's decode tok/s and how this gate is held to it,
 # a floor (min_share, adoption) or a lead (margin_pct, bake-off); verdict.compare_reference.
 REFERENCE_KEYS = ("decode_tps_mean", "min_share", "margin_pct")
+# When the correctness probe runs (llm_gate/correctness.py, wanted): auto (when the unit changed or no
+# outputs are recorded yet), always, off.
+CORRECTNESS_MODES = ("auto", "always", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +80,18 @@ class GateConfig:
     report_dir: str | None = None
     keep_reports: int = 20
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The correctness probe (llm_gate/probe.py, judged by llm_gate/correctness.py).
+    correctness: str = "auto"
+    probe_set: Any = None
+    admin_api_key: str | None = None
+    min_eval_score: float = 0.0
+    eval_concurrency: int = 4
+    eval_margin_pct: float = 10.0
+    eval_confidence: float = 0.95
+    golden_min_match_share: float = 1.0
+    max_logprob_drift: float = 0.05
+    tie_margin: float = 0.2
+    accept_output_change: bool = False
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> GateConfig:
@@ -106,6 +123,12 @@ class GateConfig:
             "min_running_requests": self.min_running_requests,
             "decode_statistic": "mean",
             "max_regression_pct": self.max_regression_pct,
+            "min_eval_score": self.min_eval_score,
+            "eval_margin_pct": self.eval_margin_pct,
+            "eval_confidence": self.eval_confidence,
+            "golden_min_match_share": self.golden_min_match_share,
+            "max_logprob_drift": self.max_logprob_drift,
+            "tie_margin": self.tie_margin,
         }
 
 
@@ -202,7 +225,17 @@ RANGE_RULES: tuple[RangeRule, ...] = (
     RangeRule("min_running_requests", 0, "0 (no check) or a number of requests at once", integer=True),
     RangeRule("max_regression_pct", 0, "0 (off) or a percentage"),
     RangeRule("regression_min_ttft_delta_s", 0, "0 or more seconds"),
+    RangeRule("min_eval_score", 0, "0 (no floor) or a share of the eval answered right, up to 1"),
+    RangeRule("eval_concurrency", 1, "at least 1", integer=True),
+    RangeRule("eval_margin_pct", 0, "0 (off) or a percentage"),
+    RangeRule("golden_min_match_share", 0, "a share of the golden prompts, from 0 to 1"),
+    RangeRule("max_logprob_drift", 0, "0 or more (nats per token)"),
+    RangeRule("tie_margin", 0, "0 or more (nats)"),
 )
+# The options that are shares (0 to 1), checked on top of their range rule.
+SHARE_OPTIONS = ("min_eval_score", "golden_min_match_share")
+# The options with a list of values, checked by variable_problems too.
+CHOICE_OPTIONS = ("correctness", "eval_confidence")
 
 
 def url_error(url: str) -> str | None:
@@ -236,7 +269,30 @@ def variable_problems(values: dict[str, Any], prefix: str) -> list[str]:
         if errors or (number is not None and rule.error(number)):
             kind = "a whole number, " if rule.integer and errors else ""
             problems.append(f"{prefix}{rule.key} is {values[rule.key]}, but it must be {kind}{rule.must}")
+        elif rule.key in SHARE_OPTIONS and number is not None and number > 1:
+            problems.append(f"{prefix}{rule.key} is {values[rule.key]}, but it must be {rule.must}")
+    if "eval_confidence" in values and _confidence_error(values["eval_confidence"]):
+        problems.append(
+            f"{prefix}eval_confidence is {values['eval_confidence']}, but it must be one of {_CONFIDENCE_TEXT}"
+        )
+    if "correctness" in values and values["correctness"] not in CORRECTNESS_MODES:
+        problems.append(
+            f"{prefix}correctness is {values['correctness']}, but it must be one of {', '.join(CORRECTNESS_MODES)}"
+        )
     return problems
+
+
+_CONFIDENCE_TEXT = ", ".join(f"{c:g}" for c in CONFIDENCES)
+
+
+def _confidence_error(value: Any) -> str | None:
+    """Why ``value`` is not an eval confidence the Wilson bound knows (:data:`.correctness.CONFIDENCES`)."""
+    try:
+        if float(value) in CONFIDENCES and not isinstance(value, bool):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return f"eval_confidence must be one of {_CONFIDENCE_TEXT}, got {value!r}"
 
 
 def _check_reference(cfg: dict[str, Any], errors: list[str]) -> None:
@@ -294,6 +350,8 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
                 isinstance(baseline[key], bool) or not isinstance(baseline[key], (int, float))
             ):
                 errors.append(f"baseline.{key} must be a number, got {baseline[key]!r}")
+        if baseline.get("correctness") is not None and not isinstance(baseline["correctness"], dict):
+            errors.append("baseline.correctness must be a mapping (the last-known-good's probe record)")
     _check_reference(cfg, errors)
     if cfg.get("pid") is not None:
         pid = _number(cfg, "pid", errors, integer=True)
@@ -309,7 +367,20 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
         cfg["prompts"] = load_prompts(cfg.get("prompts"))
     except GateUsageError as exc:
         errors.append(str(exc))
+    try:
+        cfg["probe_set"] = load_probe_set(cfg.get("probe_set"))
+    except GateUsageError as exc:
+        errors.append(str(exc))
+    if cfg.get("correctness") not in CORRECTNESS_MODES:
+        errors.append(f"correctness must be one of {', '.join(CORRECTNESS_MODES)}, got {cfg.get('correctness')!r}")
+    problem = _confidence_error(cfg.get("eval_confidence"))
+    if problem:
+        errors.append(problem)
+    else:
+        cfg["eval_confidence"] = float(cfg["eval_confidence"])
+    errors.extend(f"{key} must be at most 1, got {cfg[key]}" for key in SHARE_OPTIONS if (cfg.get(key) or 0) > 1)
     if errors:
         raise GateUsageError("; ".join(errors))
     cfg["allow_prior_restarts"] = bool(cfg.get("allow_prior_restarts"))
+    cfg["accept_output_change"] = bool(cfg.get("accept_output_change"))
     return GateConfig(**cfg)

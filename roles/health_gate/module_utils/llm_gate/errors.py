@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -64,3 +65,15 @@ class GateFailure(Exception):
         self.reason = reason
         self.watch = watch
         self.detail = detail or {}
+
+
+def read_json_option(value: Any, what: str) -> tuple[Any, str]:
+    """An option that is data or the path of a JSON file holding it: (the data, where it came from, for
+    messages). A file that cannot be read or parsed raises :class:`GateUsageError` naming ``what``."""
+    if not isinstance(value, str):
+        return value, what
+    try:
+        with open(value, encoding="utf-8") as handle:
+            return json.load(handle), value
+    except (OSError, ValueError) as exc:
+        raise GateUsageError(f"cannot read {what} from {value}: {exc}") from exc

@@ -11,8 +11,11 @@ from typing import Any
 from . import discovery
 from .client import Endpoint
 from .config import SCHEMA_VERSION, GateConfig
+from .correctness import reference_of, wanted
 from .errors import GateFailure, RequestError
 from .monitor import Monitor
+from .probe import run_probe
+from .probeset import probe_identity
 from .readiness import PHASE_TEXT, wait_ready
 from .redaction import redact
 from .report import TIMESTAMP_FORMAT, utc_now
@@ -47,6 +50,8 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
         "aggregate": None,
         "speculative": None,
         "capacity": None,
+        "correctness": None,
+        "correctness_why": None,
         "checks": [],
         "notes": [],
         "passed": False,
@@ -229,6 +234,33 @@ def _speculative(
     return accept
 
 
+def _correctness(
+    endpoint: Endpoint,
+    cfg: GateConfig,
+    monitor: Monitor,
+    engine: str,
+    model: str,
+    report: dict[str, Any],
+    say: Callable[[str], None],
+) -> None:
+    """The correctness probe (:mod:`.probe`) when :func:`.correctness.wanted` says so; its results in
+    ``report["correctness"]``, why it ran or not in ``report["correctness_why"]``."""
+    want, why = wanted(cfg)
+    report["correctness_why"] = why
+    if not want:
+        say(f"correctness: not asked ({why})")
+        return
+    report["phase"] = monitor.phase = "correctness"
+    _, golden, _ = reference_of(cfg)
+    try:
+        report["correctness"] = run_probe(
+            endpoint, engine, model, cfg.probe_set, golden, cfg.eval_concurrency, cfg.request_timeout_s, monitor,
+            cfg.admin_api_key, say,
+        )  # fmt: skip
+    except RequestError as exc:  # judged with the speed figures (llm_gate/correctness.py), not instead of them
+        report["correctness"] = {"probe": probe_identity(cfg.probe_set), "engine": engine, "error": str(exc)}
+
+
 def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the whole gate and return the report (``report["passed"]`` is the verdict).
 
@@ -272,6 +304,8 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         if capacity["effective_max_running_requests"] is not None:
             say(f"at most {capacity['effective_max_running_requests']} running requests at once ({capacity['source']})")
 
+        _correctness(endpoint, cfg, monitor, engine, model, report, say)
+
         monitor.poll_now()
         monitor.check()
         judge(cfg, agg, accept, capacity, report)
@@ -298,4 +332,4 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         report["verdict"] = verdict_of(report, cfg)
     report["summary"] = summary_line(report)
     say(report["summary"])
-    return redact(report, [cfg.api_key or ""])
+    return redact(report, [cfg.api_key or "", cfg.admin_api_key or ""])

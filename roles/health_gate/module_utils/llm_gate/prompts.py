@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from .errors import GateUsageError
+from .errors import GateUsageError, read_json_option
 
 # Used when no prompts are given (ad-hoc module use); the role ships files/prompts.json.
 FALLBACK_PROMPTS: list[dict[str, Any]] = [
@@ -47,14 +46,7 @@ def load_prompts(value: Any) -> list[dict[str, Any]]:
     """
     if value is None or value == "" or value == []:
         return [dict(p) for p in FALLBACK_PROMPTS]
-    source = "prompts"
-    if isinstance(value, str):
-        source = value
-        try:
-            with open(value, encoding="utf-8") as handle:
-                value = json.load(handle)
-        except (OSError, ValueError) as exc:
-            raise GateUsageError(f"cannot read prompts from {source}: {exc}") from exc
+    value, source = read_json_option(value, "prompts")
     if isinstance(value, dict) and "prompts" in value:
         value = value["prompts"]
     if not isinstance(value, list) or not value:

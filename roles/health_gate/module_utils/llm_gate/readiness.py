@@ -40,6 +40,7 @@ PHASE_TEXT = {
     "warmup": "sending warm-up requests",
     "measure": "measuring",
     "speculative": "reading the accept length and the running-request limit",
+    "correctness": "asking the correctness probe",
 }
 
 

@@ -68,6 +68,17 @@ def run_figures(report: dict[str, Any]) -> dict[str, Any]:
         completion_tokens=[r.get("completion_tokens") for r in report.get("requests") or []],
         duration_s=report.get("duration_s"),
     )
+    right = (report.get("verdict") or {}).get("correctness") or {}
+    if right.get("ran"):
+        checks = {check["name"]: check for check in right.get("checks") or []}
+        golden = checks.get("golden_outputs")
+        figures["right"] = {
+            "passed": bool(right.get("passed")),
+            "reasons": list(right.get("reasons") or []),
+            "eval_score": (checks.get("eval_score") or {}).get("value"),
+            "golden_same": None if golden is None else f"{golden['same']}/{len(golden['prompts'])}",
+            "duration_s": (report.get("correctness") or {}).get("duration_s"),
+        }
     return figures
 
 
@@ -105,13 +116,18 @@ def repeatability(runs: Sequence[dict[str, Any]], margin_pct: float, min_ttft_de
         figures[name] = row
     judged_ok = [figures[name]["ok"] for name in (*JUDGED, *COUNTS) if name in figures]
     every_run_passed = all(run.get("passed") for run in runs)
+    # The correctness probe on an unchanged server: every run after the first is compared with the
+    # first's outputs and score (run_repeat); a failure there is a false failure.
+    asked = [run for run in runs if run.get("right")]
+    false_failures = [run.get("run") for run in asked[1:] if not run["right"]["passed"]]
     return {
         "runs": len(runs),
         "margin_pct": float(margin_pct),
         "limit_pct": round(limit, 2),
         "figures": figures,
         "every_run_passed": every_run_passed,
-        "ok": len(runs) >= 2 and every_run_passed and all(judged_ok),
+        "correctness": None if not asked else {"compared_runs": len(asked) - 1, "false_failures": false_failures},
+        "ok": len(runs) >= 2 and every_run_passed and all(judged_ok) and not false_failures,
     }
 
 
@@ -126,17 +142,29 @@ def run_repeat(
     concurrency, plus ``ok`` (every concurrency ok).
 
     The relative gate is off in these runs (a baseline would compare each run with another server);
-    the thresholds stay, so a run that fails them shows as such.
+    the thresholds stay, so a run that fails them shows as such. With a probe set, every run asks
+    the correctness probe, and every run after the first is held to the first one's outputs and
+    eval score as a deploy is to its last-known-good's: what fails there is a false failure.
     """
     cfg = options if isinstance(options, GateConfig) else GateConfig.from_options(options)
     concurrencies = sorted({1, cfg.concurrency})
     t_start = time.monotonic()
     per: dict[int, list[dict[str, Any]]] = {c: [] for c in concurrencies}
     settings: dict[int, dict[str, Any]] = {}
+    first_record: dict[str, Any] | None = None
     for index in range(runs):
         for concurrency in concurrencies:
-            run_cfg = dataclasses.replace(cfg, concurrency=concurrency, baseline=None, max_regression_pct=0.0)
+            baseline = {"correctness": first_record} if first_record else None
+            run_cfg = dataclasses.replace(
+                cfg,
+                concurrency=concurrency,
+                baseline=baseline,
+                max_regression_pct=0.0,
+                correctness="off" if cfg.correctness == "off" else "always",
+            )
             report = run_gate(run_cfg)
+            if cfg.probe_set and first_record is None:
+                first_record = ((report.get("verdict") or {}).get("figures") or {}).get("correctness")
             settings.setdefault(concurrency, report.get("settings") or {})
             figures = dict(run_figures(report), run=index + 1, concurrency=concurrency)
             per[concurrency].append(figures)
@@ -195,6 +223,13 @@ def repeat_table(result: dict[str, Any]) -> str:
                 what, verdict = f"changed ({row['min']}-{row['max']})", " NOT STEADY"
             label = name.replace("ttft_p95_s", f"TTFT {TTFT_STATISTIC}")
             lines.append(f"  {label}: {what}{verdict}")
+        right = rep.get("correctness")
+        if right:
+            wrong = right["false_failures"]
+            lines.append(
+                f"  correctness: {right['compared_runs']} runs held to the first run's outputs and score, "
+                + (f"false failures in runs {', '.join(map(str, wrong))}" if wrong else "no false failure")
+            )
     verdict = "under" if result["ok"] else "NOT under"
     lines.append(
         f"gate noise {verdict} a third of the {result['margin_pct']:g} % margin ({result['limit_pct']:g} %) "

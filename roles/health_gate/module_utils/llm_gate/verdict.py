@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .config import BASELINE_COUNTS, BASELINE_FIGURES, BASELINE_SETTINGS, TTFT_STATISTIC
+from .correctness import judge_correctness, next_record, record_of, summary_part
 from .discovery import CAPACITY_KEY
 from .stats import rounded
 
@@ -154,14 +155,23 @@ def baseline_of(report: dict[str, Any]) -> dict[str, Any]:
         "effective_max_running_requests": (report.get("capacity") or {}).get("effective_max_running_requests"),
         "timestamp": report.get("timestamp"),
         **{key: settings.get(key) for key in BASELINE_SETTINGS},
+        # What the server said (the correctness probe), when it was asked this time.
+        "correctness": (
+            record_of(report["correctness"], (report.get("metadata") or {}).get("model_revision"))
+            if report.get("correctness") and not report["correctness"].get("error")
+            else None
+        ),
     }
 
 
-def next_baseline(kept: dict[str, Any] | None, figures: dict[str, Any]) -> dict[str, Any]:
+def next_baseline(
+    kept: dict[str, Any] | None, figures: dict[str, Any], accept_output_change: bool = False
+) -> dict[str, Any]:
     """The baseline the next deploy compares with, once a gate with these ``figures`` (:func:`baseline_of`)
     passed: the ``kept`` one (the last-known-good's, the gate's ``baseline`` option) when it was measured on
     the same unit with the same measurement, so that a no-op deploy keeps its record as it was; these
-    ``figures`` otherwise.
+    ``figures`` otherwise. Its ``correctness`` record is :func:`.correctness.next_record`'s: the kept outputs
+    while the probe set and the model revision are the same (unless ``accept_output_change``).
     """
     kept = kept or {}
     same = (
@@ -169,7 +179,9 @@ def next_baseline(kept: dict[str, Any] | None, figures: dict[str, Any]) -> dict[
         and kept.get("unit_sha256", "") == figures.get("unit_sha256")
         and all(kept.get(key) == figures.get(key) for key in BASELINE_SETTINGS)
     )
-    return dict(kept) if same else dict(figures)
+    out = dict(kept) if same else dict(figures)
+    out["correctness"] = next_record(kept.get("correctness"), figures.get("correctness"), accept_output_change)
+    return out
 
 
 # How a gate is compared with a reference server's decode tok/s (the ``reference`` option):
@@ -216,6 +228,7 @@ def verdict_of(
     cfg: GateConfig,
     absolute: tuple[list[dict[str, Any]], list[str]] | None = None,
     relative: tuple[list[dict[str, Any]], list[str], str | None] | None = None,
+    right: tuple[list[dict[str, Any]], list[str], list[str]] | None = None,
 ) -> dict[str, Any]:
     """The gate's verdict as the module returns it and the roles read it (``report["verdict"]``).
 
@@ -235,7 +248,8 @@ def verdict_of(
         "relative": None,
         "reference": compare_reference(figures["decode_tps_mean"], cfg.reference) if figures else None,
         "figures": figures,
-        "baseline": next_baseline(cfg.baseline, figures) if passed and figures else None,
+        "baseline": next_baseline(cfg.baseline, figures, cfg.accept_output_change) if passed and figures else None,
+        "correctness": None,
     }
     if absolute is not None:
         verdict["absolute"] = {"passed": not absolute[1], "checks": absolute[0], "reasons": absolute[1]}
@@ -249,6 +263,17 @@ def verdict_of(
             "note": note,
             "baseline": cfg.baseline or None,
         }
+    if right is not None:
+        checks, reasons, notes = right
+        probe = report.get("correctness") or {}
+        verdict["correctness"] = {
+            "passed": not reasons,
+            "ran": bool(probe),
+            "why": report.get("correctness_why"),
+            "checks": checks,
+            "reasons": reasons,
+            "notes": notes,
+        }
     return verdict
 
 
@@ -261,13 +286,15 @@ def judge(
     report["phase"] = "evaluate"
     absolute = evaluate(agg, accept, cfg, capacity)
     relative = compare_baseline(agg, accept, cfg, capacity, report["settings"].get("fixed_output"))
-    report["checks"] = absolute[0] + relative[0]
-    report["reasons"] = absolute[1] + relative[1]
+    right = judge_correctness(report.get("correctness"), cfg)
+    report["checks"] = absolute[0] + relative[0] + right[0]
+    report["reasons"] = absolute[1] + relative[1] + right[1]
     if relative[2]:
         report["notes"].append(relative[2])
+    report["notes"].extend(right[2])
     report["passed"] = not report["reasons"]
     report["phase"] = "done"
-    report["verdict"] = verdict_of(report, cfg, absolute, relative)
+    report["verdict"] = verdict_of(report, cfg, absolute, relative, right)
 
 
 def compare_baseline(
@@ -390,7 +417,14 @@ def summary_line(report: dict[str, Any]) -> str:
     if running is not None or th.get("min_running_requests"):
         shown = "n/a" if running is None else str(running)
         parts.append(f"max running {shown} (min {_limit(th.get('min_running_requests', 0))})")
-    relative = [c for c in report.get("checks") or [] if c["name"].endswith("_vs_last_known_good")]
+    right = summary_part(report.get("correctness"), report.get("checks") or [])
+    if right:
+        parts.append(right)
+    relative = [
+        c
+        for c in report.get("checks") or []
+        if c["name"].endswith("_vs_last_known_good") and c["name"] != "eval_score_vs_last_known_good"
+    ]
     if relative:
         changes = ", ".join(f"{c['name'].split('_vs_')[0]} {c['change_pct']:+.1f} %" for c in relative)
         parts.append(f"vs last-known-good {changes}")

@@ -1,0 +1,348 @@
+# Copyright: the llm-deploy authors. GNU General Public License v3.0+.
+"""The correctness probe's requests: golden outputs, cache hit against miss, the eval (what the server says).
+
+:func:`run_probe` asks the server, in order:
+
+1. **Flush** the prefix cache where the engine has one and lets us (SGLang ``/flush_cache``,
+   with the admin key when there is one), so that the golden pass starts with misses.
+2. **Golden pass**: each golden prompt of the probe set (:mod:`.probeset`), greedy, exactly
+   ``golden.max_tokens`` tokens (SGLang ``ignore_eos``, transformers serve ``min_new_tokens``).
+   Later suffixes of a shared prefix and later turns of a conversation hit the cache.
+3. **Consistency**: each consistency item asked as a miss (after a flush; without a prefix cache
+   the golden pass's answer is one), then again (now a cache hit) and once more (a repeat in the
+   same cache state).
+4. **Re-scoring** (SGLang only, with a reference from the last-known-good that holds token ids):
+   the reference's own tokens fed back to this server (teacher forcing, ``/generate`` with
+   ``return_logprob`` from the last prompt token), so that each reference token's log-probability
+   under this server can be compared with the one it had when it was recorded.
+5. **Eval**: the probe set's generated questions as chat completions (``concurrency`` at a time:
+   the gate's ``eval_concurrency``), each reply's first integer against the exact answer.
+
+It returns the raw results; :mod:`.correctness` judges them. Engines: ``sglang`` (native
+``/generate``: token ids, log-probabilities, the top two at each step, cached tokens),
+``transformers`` (``/v1/completions``, text only, no prefix cache) and ``generic`` (the same,
+without a way to ask for exactly ``max_tokens``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .client import Endpoint, quote_body
+from .errors import RequestError
+from .monitor import Monitor
+from .probeset import extract_answer, probe_identity
+
+COMPLETIONS_PATH = "/v1/completions"
+LOGPROB_DIGITS = 4
+
+
+def _post(endpoint: Endpoint, path: str, payload: dict[str, Any], timeout: float, what: str) -> Any:
+    """POST ``payload`` as JSON; the parsed answer, or :class:`RequestError` quoting the server."""
+    try:
+        status, body = endpoint.request("POST", path, payload, timeout=timeout)
+    except OSError as exc:
+        raise RequestError(f"{what}: POST {path} failed: {type(exc).__name__}: {exc}") from exc
+    if status != 200:
+        raise RequestError(f"{what}: HTTP {status} from POST {path}: {quote_body(body)}")
+    try:
+        return json.loads(body.decode("utf-8"))
+    except ValueError as exc:
+        raise RequestError(f"{what}: POST {path} answered no JSON: {quote_body(body, 300)}") from exc
+
+
+def _rounded(values: list[Any]) -> list[float | None]:
+    """Log-probabilities to :data:`LOGPROB_DIGITS` decimals (None stays None)."""
+    return [None if v is None else round(float(v), LOGPROB_DIGITS) for v in values]
+
+
+class Completion(dict):
+    """One greedy completion: ``text``, and where the engine tells them ``token_ids``, ``logprobs``
+    (of each chosen token), ``margins`` (top-1 minus top-2 log-probability at each step: how near
+    a tie the choice was) and ``cached_tokens`` (prompt tokens the prefix cache served)."""
+
+
+class EngineCalls:
+    """The requests the probe makes, in the form of one engine (:data:`ENGINE_CALLS`)."""
+
+    engine = "generic"
+    features: dict[str, bool] = {"token_ids": False, "logprobs": False, "rescore": False, "prefix_cache": False}
+
+    def __init__(self, endpoint: Endpoint, model: str, timeout_s: float, admin_api_key: str | None) -> None:
+        """Requests to ``endpoint`` for ``model``, each within ``timeout_s``."""
+        self.endpoint = endpoint
+        self.model = model
+        self.timeout = timeout_s
+        self.admin_api_key = admin_api_key
+
+    def flush(self) -> str | None:
+        """Empty the prefix cache; a note when it cannot (None when it did, or there is none)."""
+        return None
+
+    def complete(self, prompt: str, max_tokens: int, what: str) -> Completion:
+        """A greedy completion of the raw text ``prompt``, ``max_tokens`` long where the engine can be told so."""
+        payload = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        payload.update(self.exact_length(max_tokens))
+        answer = _post(self.endpoint, COMPLETIONS_PATH, payload, self.timeout, what)
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("text"), str):
+            raise RequestError(f"{what}: POST {COMPLETIONS_PATH} answered no choices[0].text")
+        return Completion(text=choices[0]["text"])
+
+    def exact_length(self, max_tokens: int) -> dict[str, Any]:
+        """Request fields that make the engine generate exactly ``max_tokens`` tokens ({} when it cannot)."""
+        return {}
+
+    def rescore(self, prompt: str, token_ids: list[int], what: str) -> dict[str, Any] | None:
+        """The log-probability of each of ``token_ids`` after ``prompt`` under this server, with the
+        top-1 log-probability at each position: ``{"logprobs", "top"}``; None where the engine cannot."""
+        return None
+
+
+class GenericCalls(EngineCalls):
+    """An OpenAI-compatible server: ``/v1/completions``, text only, its own length."""
+
+
+class TransformersCalls(EngineCalls):
+    """``transformers serve``: ``/v1/completions`` with a ``generation_config`` (it refuses unknown
+    fields); exactly ``max_tokens`` through ``min_new_tokens``; no prefix cache (each request is a miss)."""
+
+    engine = "transformers"
+
+    def exact_length(self, max_tokens: int) -> dict[str, Any]:
+        """A ``generation_config`` that decodes exactly ``max_tokens`` tokens, greedily."""
+        config = {"min_new_tokens": max_tokens, "max_new_tokens": max_tokens, "do_sample": False}
+        return {"generation_config": json.dumps(config)}
+
+
+class SGLangCalls(EngineCalls):
+    """SGLang's native API: ``/tokenize``, ``/generate`` with log-probabilities, ``/flush_cache``."""
+
+    engine = "sglang"
+
+    features = {"token_ids": True, "logprobs": True, "rescore": True, "prefix_cache": True}
+
+    def flush(self) -> str | None:
+        """``POST /flush_cache`` (an admin endpoint: the admin key when set, else the API key)."""
+        endpoint = Endpoint(self.endpoint.display, self.admin_api_key or self.endpoint.api_key)
+        try:
+            status, body = endpoint.request("POST", "/flush_cache", None, timeout=self.timeout)
+        except OSError as exc:
+            return f"/flush_cache failed ({type(exc).__name__}: {exc}): the golden pass may start with cache hits"
+        if status != 200:
+            return (
+                f"/flush_cache answered HTTP {status} ({quote_body(body, 200)}): the golden pass may start with "
+                "cache hits (set health_gate_admin_api_key to the server's admin key)"
+            )
+        return None
+
+    def tokenize(self, prompt: str, what: str) -> list[int]:
+        """The token ids the server makes of ``prompt``."""
+        answer = _post(self.endpoint, "/tokenize", {"model": self.model, "prompt": prompt}, self.timeout, what)
+        tokens = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise RequestError(f"{what}: POST /tokenize answered no list of token ids")
+        return tokens
+
+    def complete(self, prompt: str, max_tokens: int, what: str) -> Completion:
+        """``/generate`` on the prompt's ids: greedy, ``ignore_eos``, with each step's top two log-probabilities."""
+        ids = self.tokenize(prompt, what)
+        payload = {
+            "input_ids": ids,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True},
+            "return_logprob": True,
+            "top_logprobs_num": 2,
+            "logprob_start_len": -1,
+        }
+        answer = _post(self.endpoint, "/generate", payload, self.timeout, what)
+        meta = answer.get("meta_info") or {} if isinstance(answer, dict) else {}
+        chosen = meta.get("output_token_logprobs") or []
+        token_ids = answer.get("output_ids") or [entry[1] for entry in chosen]
+        tops = meta.get("output_top_logprobs") or []
+        margins = [
+            round(float(top[0][0]) - float(top[1][0]), LOGPROB_DIGITS)
+            if isinstance(top, list) and len(top) >= 2 and top[0][0] is not None and top[1][0] is not None
+            else None
+            for top in tops
+        ]
+        return Completion(
+            text=str(answer.get("text", "")),
+            token_ids=[int(t) for t in token_ids],
+            logprobs=_rounded([entry[0] for entry in chosen]),
+            margins=margins,
+            cached_tokens=meta.get("cached_tokens"),
+        )
+
+    def rescore(self, prompt: str, token_ids: list[int], what: str) -> dict[str, Any] | None:
+        """Teacher forcing: ``/generate`` on prompt + ``token_ids`` with ``logprob_start_len`` at the
+        prompt's last token. SGLang gives that first position no log-probability (None) and then one
+        per later input token, so the entries after the first line up with ``token_ids``."""
+        ids = self.tokenize(prompt, what)
+        payload = {
+            "input_ids": ids + list(token_ids),
+            "sampling_params": {"temperature": 0, "max_new_tokens": 1},
+            "return_logprob": True,
+            "top_logprobs_num": 1,
+            "logprob_start_len": max(len(ids) - 1, 0),
+        }
+        meta = (_post(self.endpoint, "/generate", payload, self.timeout, what) or {}).get("meta_info") or {}
+        entries = (meta.get("input_token_logprobs") or [])[1:]
+        tops = (meta.get("input_top_logprobs") or [])[1:]
+        if [int(e[1]) for e in entries[: len(token_ids)]] != list(token_ids) or len(tops) < len(token_ids):
+            return None
+        return {
+            "logprobs": _rounded([e[0] for e in entries[: len(token_ids)]]),
+            "top": _rounded([top[0][0] if top else None for top in tops[: len(token_ids)]]),
+        }
+
+
+ENGINE_CALLS: dict[str, type[EngineCalls]] = {
+    "sglang": SGLangCalls,
+    "transformers": TransformersCalls,
+    "generic": GenericCalls,
+}
+
+
+def _turn_prompt(item: dict[str, Any], texts: dict[str, str]) -> str:
+    """Turn ``item["turn"]`` of a conversation: every earlier turn followed by the text it got."""
+    base = item["id"].rsplit("/", 1)[0]
+    parts = []
+    for n in range(1, item["turn"]):
+        parts += [item["turns"][n - 1], texts[f"{base}/{n}"]]
+    return "".join(parts) + item["turns"][item["turn"] - 1]
+
+
+def prompt_of(item: dict[str, Any], texts: dict[str, str]) -> str:
+    """The prompt of one golden item (:func:`.probeset.golden_prompts`); a conversation's turn is built on
+    ``texts``, the outputs its earlier turns got (the reference's when there is one, so that both ask
+    the same)."""
+    return item["prompt"] if "prompt" in item else _turn_prompt(item, texts)
+
+
+def _ask_eval(calls: EngineCalls, probe: dict[str, Any], concurrency: int, monitor: Monitor) -> list[dict[str, Any]]:
+    """Every eval question as a chat completion, ``concurrency`` at a time; one row a question."""
+    spec = probe["eval"]
+    rows: dict[int, dict[str, Any]] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    pending = list(enumerate(probe["eval_items"]))
+
+    def worker() -> None:
+        """Take questions until none is left or one failed."""
+        while not errors:
+            with lock:
+                if not pending:
+                    return
+                index, item = pending.pop(0)
+            payload = {
+                "model": calls.model,
+                "messages": item["messages"],
+                "max_tokens": int(spec["max_tokens"]),
+                "temperature": 0,
+                **((spec.get("request") or {}).get(calls.engine) or {}),
+            }
+            try:
+                answer = _post(calls.endpoint, "/v1/chat/completions", payload, calls.timeout, f"eval {item['id']}")
+                message = (answer.get("choices") or [{}])[0].get("message") or {}
+                reply = str(message.get("content") or "")
+            except BaseException as exc:  # noqa: BLE001 - reported by the caller
+                with lock:
+                    errors.append(exc)
+                return
+            got = extract_answer(reply)
+            with lock:
+                rows[index] = {"id": item["id"], "answer": item["answer"], "got": got, "reply": reply[:80],
+                               "right": got == item["answer"]}  # fmt: skip
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, concurrency))]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        monitor.wait(0.05)
+    if errors:
+        monitor.poll_now()
+        monitor.check()
+        raise errors[0]
+    return [rows[i] for i in sorted(rows)]
+
+
+def run_probe(
+    endpoint: Endpoint,
+    engine: str,
+    model: str,
+    probe: dict[str, Any],
+    reference: dict[str, Any] | None,
+    concurrency: int,
+    timeout_s: float,
+    monitor: Monitor,
+    admin_api_key: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Ask the server the probe set (the steps of this module's docstring); the raw results.
+
+    ``reference`` is the last-known-good's golden record (:func:`.correctness.record_of`) when it
+    was made with this probe set on this model revision: its texts build the conversations' later
+    prompts, and its token ids are re-scored. Raises :class:`RequestError` (a request failed) and
+    the monitor's :class:`GateFailure` (the server died).
+    """
+    started = time.monotonic()
+    calls = ENGINE_CALLS.get(engine, GenericCalls)(endpoint, model, timeout_s, admin_api_key)
+    max_tokens = int(probe["golden"]["max_tokens"])
+    result: dict[str, Any] = {
+        "probe": probe_identity(probe),
+        "engine": engine,
+        "features": dict(calls.features, exact_length=bool(calls.exact_length(max_tokens))),
+        "max_tokens": max_tokens,
+        "notes": [],
+    }
+    note = monitor.call(calls.flush)
+    if note:
+        result["notes"].append(note)
+    golden_ref = (reference or {}).get("golden") or {}
+    texts = {key: value["text"] for key, value in golden_ref.items()}
+    outputs: dict[str, Completion] = {}
+    prompts: dict[str, str] = {}
+    for item in probe["golden_prompts"]:
+        prompts[item["id"]] = prompt_of(item, {**{k: v["text"] for k, v in outputs.items()}, **texts})
+        outputs[item["id"]] = monitor.call(calls.complete, prompts[item["id"]], max_tokens, f"golden {item['id']}")
+    result["golden"] = {key: dict(value) for key, value in outputs.items()}
+    if say:
+        say(f"correctness: {len(outputs)} golden prompts, {max_tokens} tokens each")
+
+    consistency = []
+    for name in (probe.get("consistency") or {}).get("items") or []:
+        # A later suffix or turn was a partial hit in the golden pass: with a prefix cache the miss
+        # is asked again after a flush; without one the golden pass's answer was a miss already.
+        miss = outputs[name]
+        if calls.features["prefix_cache"]:
+            note = monitor.call(calls.flush)
+            if note and note not in result["notes"]:
+                result["notes"].append(note)
+            miss = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (cache miss)")
+        hit = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (cache hit)")
+        again = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (repeat)")
+        consistency.append({"id": name, "miss": dict(miss), "hit": dict(hit), "repeat": dict(again)})
+    result["consistency"] = consistency
+
+    rescored: dict[str, Any] = {}
+    if calls.features["rescore"] and golden_ref:
+        for key, value in golden_ref.items():
+            if key in prompts and value.get("token_ids"):
+                scored = monitor.call(calls.rescore, prompts[key], value["token_ids"], f"re-score {key}")
+                if scored is None:
+                    result["notes"].append(f"re-scoring {key}: the server's input log-probabilities did not line up")
+                else:
+                    rescored[key] = scored
+    result["rescored"] = rescored
+
+    rows = _ask_eval(calls, probe, concurrency, monitor)
+    right = sum(1 for row in rows if row["right"])
+    result["eval"] = {"count": len(rows), "correct": right, "score": round(right / len(rows), 4), "items": rows}
+    result["duration_s"] = round(time.monotonic() - started, 3)
+    if say:
+        say(f"correctness: eval {right}/{len(rows)}, {result['duration_s']:.1f} s in all")
+    return result

@@ -1,0 +1,93 @@
+"""The correctness probe's data (llm_gate.probeset): the probe sets the role ships, their checks, the seeded eval."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import llm_gate
+import pytest
+from gate_fakes import REPO, ROLE
+from role_files import import_file
+
+PROBES = sorted((ROLE / "files" / "probes").glob("*.json"))
+
+
+def test_splitmix64_gives_the_published_sequence():
+    """Seed 0's first outputs (Vigna's reference implementation, splitmix64.c): portable across Pythons."""
+    rng = llm_gate.SplitMix64(0)
+    assert [rng.next() for _ in range(3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+
+
+@pytest.mark.parametrize("path", PROBES, ids=[p.stem for p in PROBES])
+def test_every_shipped_probe_set_loads_and_its_answers_are_right(path):
+    probe = llm_gate.load_probe_set(str(path))
+    assert probe["name"] == path.stem and len(probe["digest"]) == 64
+    ids = [p["id"] for p in probe["golden_prompts"]]
+    assert len(ids) == len(set(ids)) and set(probe["consistency"]["items"]) <= set(ids)
+    for item in probe["eval_items"]:
+        question = item["messages"][-1]["content"]
+        numbers = [int(n) for n in re.findall(r"\d+", question)]
+        if "after" in question:
+            expected = numbers[0] + 1
+        elif " times " in question:
+            expected = numbers[0] * numbers[1]
+        elif " - " in question or "away" in question:
+            expected = numbers[0] - numbers[1]
+        else:
+            expected = numbers[0] + numbers[1]
+        assert item["answer"] == str(expected), question
+
+
+def test_the_eval_is_the_same_for_a_seed_and_another_for_another_seed():
+    spec = json.loads((ROLE / "files/probes/chat-general.json").read_text())["eval"]
+    first, again = llm_gate.eval_items(spec), llm_gate.eval_items(json.loads(json.dumps(spec)))
+    assert first == again
+    other = llm_gate.eval_items(dict(spec, seed=spec["seed"] + 1))
+    assert [i["answer"] for i in other] != [i["answer"] for i in first]
+    assert len(first) == sum(f["count"] for f in spec["families"])
+
+
+def test_a_conversation_turn_is_built_on_the_earlier_outputs():
+    golden = {"max_tokens": 4, "items": [{"id": "talk", "turns": ["A:", " B:", " C:"]}]}
+    items = llm_gate.golden_prompts(golden)
+    assert [i["id"] for i in items] == ["talk/1", "talk/2", "talk/3"]
+    from llm_gate.probe import prompt_of
+
+    texts = {"talk/1": "one", "talk/2": "two"}
+    assert [prompt_of(i, texts) for i in items] == ["A:", "A:one B:", "A:one B:two C:"]
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"golden": {"max_tokens": 4, "items": []}}, "golden.items must be a non-empty list"),
+        ({"golden": {"max_tokens": 4, "items": [{"id": "x", "prompt": "a", "turns": ["b", "c"]}]}}, "exactly one of"),
+        ({"golden": {"max_tokens": 4, "items": [{"id": "x", "prefix": "p", "suffixes": ["a"]}]}}, "at least two"),
+        ({"consistency": {"items": ["nope"]}}, "names 'nope', which is no golden item"),
+        ({"eval": {"seed": 1, "max_tokens": 4, "families": [{"family": "div", "count": 1, "prompt": "x"}]}}, "must be"),
+        ({"eval": {"seed": 1, "max_tokens": 4, "families": [{"family": "add", "count": 1, "prompt": "{c}"}]}}, "fit"),
+        ({"name": "has space"}, "name must be a plain name"),
+    ],
+)
+def test_a_wrong_probe_set_is_refused_naming_what_is_wrong(change, words):
+    data = json.loads((ROLE / "files/probes/tiny-rehearsal.json").read_text())
+    data.update(change)
+    with pytest.raises(llm_gate.GateUsageError, match=re.escape(words)):
+        llm_gate.load_probe_set(data)
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer"),
+    [("42", "42"), (" 1,114.", "1114"), ("<think>7 or 8?</think>The answer is 8", "8"), ("-3", "-3"), ("no", None)],
+)
+def test_the_answer_is_the_first_integer_of_the_reply(reply, answer):
+    assert llm_gate.extract_answer(reply) == answer
+
+
+def test_the_preflight_filter_names_a_missing_or_wrong_probe_set():
+    problems = import_file(REPO / "filter_plugins" / "health_gate.py").health_gate_probe_set_problems
+    assert problems((ROLE / "files/probes/chat-general.json").read_text()) == []
+    assert problems("") == ["no such probe set was found"]
+    assert "it is no JSON" in problems("{not json")[0]
+    assert "golden.items" in problems(json.dumps({"name": "x", "version": 1, "golden": {}, "eval": {}}))[0]

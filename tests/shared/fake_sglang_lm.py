@@ -1,0 +1,251 @@
+"""A stand-in for SGLang's native API with a toy language model, for the correctness probe's SGLang path.
+
+Real SGLang cannot run on the CI machine's CPU, so the probe's SGLang calls (``/tokenize``,
+``/generate`` with token ids and log-probabilities, teacher forcing through ``logprob_start_len``,
+``/flush_cache`` with the admin key, cached tokens) are proven against this server, which answers
+them in SGLang 0.5.11's shapes (read from its source: ``input_token_logprobs`` starts with a
+``None`` for the first position asked, ``output_top_logprobs`` holds ``[logprob, id, text]``
+triples). Its model is a toy: bytes are tokens, and the log-probabilities of the next byte are a
+seeded function of the last two, so greedy output is deterministic and every fault is a choice:
+
+``mode``: ``ok``; ``near_tie`` (a small perturbation of every logit, 0.03: flips only near-ties, little
+drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache_bug`` (the
+``ok`` model, except that a request whose prompt is found in the prefix cache decodes from
+perturbed state, like the mamba radix cache's "ghost node"); ``nondeterministic`` (fresh noise
+on every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize``
+answers 404). The chat endpoint answers the probe's arithmetic questions by parsing them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+VOCAB = 128
+
+
+def _logprobs(context: list[int], noise: float = 0.0, rng: random.Random | None = None) -> list[float]:
+    """The toy model's log-probabilities of the next byte after ``context`` (seeded by its last two bytes)."""
+    key = hashlib.sha256(bytes(context[-2:]) + b"toy").digest()
+    seeded = random.Random(key)
+    logits = [seeded.gauss(0.0, 2.0) for _ in range(VOCAB)]
+    if noise:
+        jitter = rng or random.Random(hashlib.sha256(bytes(context[-3:]) + b"noise").digest())
+        logits = [x + jitter.gauss(0.0, noise) for x in logits]
+    top = max(logits)
+    norm = top + math.log(sum(math.exp(x - top) for x in logits))
+    return [x - norm for x in logits]
+
+
+def _answer(question: str) -> int | None:
+    """The exact answer of one of the probe set's generated questions, None when not one."""
+    numbers = [int(n) for n in re.findall(r"\d+", question)]
+    if len(numbers) < 2 and "after" in question and numbers:
+        return numbers[0] + 1
+    if len(numbers) < 2:
+        return None
+    a, b = numbers[0], numbers[1]
+    if " times " in question:
+        return a * b
+    if " - " in question or "away" in question:
+        return a - b
+    return a + b
+
+
+class ToyLM:
+    """The toy model and its prefix cache, without a server: what ``/tokenize``, ``/generate``,
+    ``/flush_cache`` and the chat answers compute (also installed as a stand-in SGLang by
+    tests/tools/test_gpu_tools.py's fake bundle)."""
+
+    def __init__(self, mode: str = "ok") -> None:
+        """A model whose faults are ``mode`` (the module's docstring)."""
+        self.mode = mode
+        self.cache: list[list[int]] = []
+        self.lock = threading.Lock()
+        self.random = random.Random(7)
+
+    def flush(self) -> None:
+        """``/flush_cache``."""
+        with self.lock:
+            self.cache.clear()
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """``/tokenize``: bytes are tokens."""
+        return list(prompt.encode())
+
+    def chat(self, question: str) -> str:
+        """A chat answer to one of the probe's generated questions."""
+        value = _answer(question)
+        if value is not None and self.mode == "wrong_answers":
+            value += 1
+        return "I do not know" if value is None else str(value)
+
+    def _cached(self, ids: list[int]) -> int:
+        """The longest prefix of ``ids`` (at most all but one) that an earlier sequence since the flush shares."""
+        best = 0
+        for seq in self.cache:
+            n = 0
+            while n < min(len(seq), len(ids) - 1) and seq[n] == ids[n]:
+                n += 1
+            best = max(best, n)
+        return best
+
+    def _dist(self, context: list[int], hit: bool, rng: random.Random) -> list[float]:
+        """The next-byte log-probabilities as this server's ``mode`` computes them."""
+        noise = {"near_tie": 0.03, "broken": 3.0}.get(self.mode, 0.0)
+        if self.mode == "cache_bug" and hit:
+            noise = 3.0
+        if self.mode == "nondeterministic":
+            return _logprobs(context, 0.5, rng)
+        return _logprobs(context, noise)
+
+    def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``/generate``: greedy decoding of ``max_new_tokens``, with SGLang's logprob fields."""
+        ids = list(body.get("input_ids") or body.get("text", "").encode())
+        params = body.get("sampling_params") or {}
+        with self.lock:
+            cached = self._cached(ids)
+            rng = random.Random(self.random.random())
+        hit = cached > 0
+        top_n = int(body.get("top_logprobs_num") or 0)
+        start = body.get("logprob_start_len", -1)
+        meta: dict[str, Any] = {"prompt_tokens": len(ids), "cached_tokens": cached}
+        if body.get("return_logprob") and start is not None and start >= 0:
+            values: list[Any] = [None]
+            tops: list[Any] = [None]
+            for pos in range(start + 1, len(ids)):
+                dist = self._dist(ids[:pos], hit, rng)
+                values.append(dist[ids[pos]])
+                best = sorted(range(VOCAB), key=lambda t: -dist[t])[:top_n]
+                tops.append([[dist[t], t, None] for t in best])
+            meta["input_token_logprobs"] = [[v, t, None] for v, t in zip(values, ids[start:])]  # noqa: B905
+            meta["input_top_logprobs"] = tops
+        out: list[int] = []
+        chosen, out_tops = [], []
+        for _ in range(int(params.get("max_new_tokens", 16))):
+            dist = self._dist(ids + out, hit, rng)
+            ranked = sorted(range(VOCAB), key=lambda t: -dist[t])
+            out.append(ranked[0])
+            chosen.append([dist[ranked[0]], ranked[0], None])
+            out_tops.append([[dist[t], t, None] for t in ranked[:top_n]])
+        if body.get("return_logprob"):
+            meta["output_token_logprobs"] = chosen
+            meta["output_top_logprobs"] = out_tops
+        with self.lock:
+            self.cache.append(ids + out)
+        meta["completion_tokens"] = len(out)
+        return {"text": bytes(out).decode("latin-1"), "output_ids": out, "meta_info": meta}
+
+
+class FakeSGLangLM:
+    """A threaded HTTP server with SGLang's probe endpoints over a :class:`ToyLM`; ``mode`` may change any time."""
+
+    def __init__(self, mode: str = "ok", api_key: str | None = None, admin_api_key: str | None = None) -> None:
+        """Serve on a free port of 127.0.0.1 (``start``)."""
+        self.lm = ToyLM(mode)
+        self.api_key = api_key
+        self.admin_api_key = admin_api_key
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # quiet
+                return
+
+            def _json(self, status: int, obj: Any) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _allowed(self, admin: bool) -> bool:
+                """SGLang's auth: the API key on normal endpoints; the admin key (else the API key) on admin ones."""
+                wanted = (server.admin_api_key or server.api_key) if admin else server.api_key
+                return not wanted or self.headers.get("Authorization") == f"Bearer {wanted}"
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                if self.path == "/health":
+                    self._json(200, {})
+                elif not self._allowed(False):
+                    self._json(401, {"error": "Unauthorized"})
+                elif self.path == "/v1/models":
+                    self._json(200, {"data": [{"id": "toy"}]})
+                else:
+                    self._json(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server.lm.lock:
+                    server.calls.append((self.path, body))
+                if not self._allowed(self.path == "/flush_cache"):
+                    self._json(401, {"error": "Unauthorized"})
+                elif self.path == "/flush_cache":
+                    server.lm.flush()
+                    self._json(200, {})
+                elif self.path == "/tokenize" and server.lm.mode == "no_tokenize":
+                    self._json(404, {"detail": "Not Found"})
+                elif self.path == "/tokenize":
+                    tokens = server.lm.tokenize(body["prompt"])
+                    self._json(200, {"tokens": tokens, "count": len(tokens)})
+                elif self.path == "/generate":
+                    self._json(200, server.lm.generate(body))
+                elif self.path == "/v1/chat/completions" and body.get("stream"):
+                    self._stream(int(body.get("max_tokens") or 8))
+                elif self.path == "/v1/chat/completions":
+                    text = server.lm.chat(body["messages"][-1]["content"])
+                    self._json(200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+                else:
+                    self._json(404, {"detail": "Not Found"})
+
+            def _stream(self, tokens: int) -> None:
+                """A streamed chat completion of ``tokens`` chunks, with usage (the gate's speed measurement)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                piece = json.dumps({"choices": [{"index": 0, "delta": {"content": "tok "}}]}).encode()
+                for _ in range(tokens):
+                    self.wfile.write(b"data: " + piece + b"\n\n")
+                usage = {"prompt_tokens": 9, "completion_tokens": tokens, "total_tokens": 9 + tokens}
+                end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}], "usage": usage}
+                self.wfile.write(b"data: " + json.dumps(end).encode() + b"\n\ndata: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
+
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self.httpd = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def start(self) -> FakeSGLangLM:
+        """Serve in a background thread."""
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    @property
+    def mode(self) -> str:
+        """The toy model's faults (the module's docstring)."""
+        return self.lm.mode
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        self.lm.mode = value

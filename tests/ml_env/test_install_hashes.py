@@ -45,7 +45,7 @@ def run_install_step(tmp: Path, cases: dict[str, str]) -> dict[str, str]:
         role_vars = {
             "ml_env_venv_dir": str(venv),
             "ml_env_lock": "demo",
-            "_ml_env_lock_file": f"/controller/locks/demo-{name}.txt",
+            "ml_env_lock_file": f"/controller/locks/demo-{name}.txt",
             "ml_env_wheelhouse": "/controller/wheelhouse/demo",
             "ml_env_host_cache_dir": str(tmp / "cache"),
         }

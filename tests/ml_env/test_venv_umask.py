@@ -54,7 +54,7 @@ def test_a_venv_built_under_umask_077_can_be_run_by_the_service_account(
         "ml_env_venv_dir": str(venv),
         "ml_env_lock": "demo",
         "ml_env_lock_sha256": "0" * 64,
-        "_ml_env_lock_file": "/controller/locks/demo.txt",
+        "ml_env_lock_file": "/controller/locks/demo.txt",
         "ml_env_wheelhouse": str(wheelhouse),
         "ml_env_host_cache_dir": str(base / "cache"),
         "ml_env_python": "/usr/bin/python3",

@@ -1,7 +1,7 @@
 """What nightly-deploy reads is what the real roles report: their set_stats, through ansible-runner.
 
 The real health_gate role gates a fake server (tests/shared/gate_fakes.py) while watching a fake
-systemd unit, and the real inference_server's wait_drained.yml sees that unit's new start, in one
+systemd unit, and the real inference_server's restart.yml restarts that unit and sees its new start, in one
 ``ansible_runner.run`` as nightly-deploy makes it; the summary's gate figure, unit and restart come
 from the run's custom stats (the ``playbook_on_stats`` event's ``artifact_data``), nothing else.
 """
@@ -26,9 +26,9 @@ PLAY = [
         "gather_facts": False,
         "tasks": [
             {
-                "name": "Wait for the restart, as after any deliberate restart",
-                "ansible.builtin.include_role": {"name": "inference_server", "tasks_from": "wait_drained.yml"},
-                "vars": {"_inference_server_invocation_before": "inv-zero"},
+                "name": "Restart the server, as a deploy and a rollback do",
+                "ansible.builtin.include_role": {"name": "inference_server", "tasks_from": "restart.yml"},
+                "vars": {"_inference_server_restart_task": "Restart the server"},
             },
             {"name": "Gate the deploy", "ansible.builtin.include_role": {"name": "health_gate"}},
         ],
@@ -39,7 +39,8 @@ PLAY = [
 def run(tmp_path: Path, fake_server, **variables) -> dict:
     """The play above through ansible-runner; nightly's summary of its events, by host."""
     systemd = FakeSystemd(tmp_path / "systemd")
-    systemd.set_state(InvocationID="inv-one", ExecMainStartTimestamp="Mon 2026-11-30 02:00:01 UTC")
+    systemd.set_state(InvocationID="inv-zero", ExecMainStartTimestamp="Mon 2026-11-30 01:00:01 UTC")
+    systemd.set_next_state(InvocationID="inv-one", ExecMainStartTimestamp="Mon 2026-11-30 02:00:01 UTC")
     server = fake_server()
     (tmp_path / "project").mkdir()
     (tmp_path / "project" / "play.yml").write_text(json.dumps(PLAY))
@@ -86,8 +87,9 @@ def test_the_gate_and_the_restart_reach_nightly_through_set_stats(tmp_path, fake
     assert gate.report_path.startswith(str(tmp_path / "gate")) and gate.timestamp == report["timestamp"]
     assert (gate.unit_invocation_id, gate.unit_started) == ("inv-one", "Mon 2026-11-30 02:00:01 UTC")
     assert host.restarts == 1 and host.restart_invocations == ["inv-one"]
-    # the counts are the play recap's; the gate and the wait change nothing
-    assert host.ok > 5 and host.changed == 0 and host.changed_tasks == [] and host.healthy
+    # the counts are the play recap's; the restart is the one change, the gate changes nothing
+    assert host.ok > 5 and host.changed == 1 and host.healthy
+    assert host.changed_tasks == ["inference_server : Restart the server"]
     assert set(out["stats"]["artifact_data"]) == {nd.events.STATS_KEY}
 
 

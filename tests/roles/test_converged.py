@@ -12,6 +12,7 @@ from pathlib import Path
 
 import durability
 import pytest
+import test_role_boundaries as boundaries
 import yaml
 from role_files import as_module_utils, import_file, run_module_file
 
@@ -22,6 +23,7 @@ SECRET = "not-a-real-secret-0f6c2a9e"  # a value that must never be printed
 
 as_module_utils("llm_host_lib.durable")
 cs = import_file(ROLE / "library" / "converged_state.py")
+IMPORTS = ("import_role", "ansible.builtin.import_role")
 # The roles whose inputs a deploy fingerprints (converged_roles).
 CONVERGED_ROLES = yaml.safe_load((ROLE / "defaults/main.yml").read_text())["converged_roles"]
 
@@ -390,3 +392,18 @@ def test_the_record_survives_a_power_cut_once_written(host, monkeypatch, drop):
         cs.copy_record(params["path"], good)
     lost = durability.lost_on_power_cut(events, params["path"]) + durability.lost_on_power_cut(kept, good)
     assert bool(lost) == bool(drop), lost
+
+
+def test_the_deploy_imports_each_role_whose_record_the_check_reads():
+    """The check reads each role's ``<role>_converged`` from the role's vars, which reach the play only through a
+    static ``import_role`` (an ``include_role`` keeps them to itself): deploy.yml and its phase files must import
+    every such role somewhere, or the check finds no parts for it and the role runs on every deploy (molecule/default
+    found model_sync running on the fast path when its preflight became an include)."""
+    phases = [ROOT / "deploy.yml", *sorted((ROOT / "playbooks/tasks").glob("deploy-*.yml"))]
+    imported = {
+        task[key]["name"] for path in phases for task in boundaries.tasks(path) for key in IMPORTS if key in task
+    }
+    role_vars = {role: ROOT / f"roles/{role}/vars/main.yml" for role in CONVERGED_ROLES}
+    with_parts = [r for r, path in role_vars.items() if path.exists() and f"{r}_converged:" in path.read_text()]
+    assert with_parts == ["ml_env", "model_sync", "inference_server"]
+    assert [role for role in with_parts if role not in imported] == []

@@ -228,3 +228,68 @@ def test_the_record_survives_a_power_cut_once_written(tmp_path, monkeypatch, fir
         assert module.commit(str(tmp_path / "lkg.staged"), str(live)) is True
     lost = durability.lost_on_power_cut(events, str(live))
     assert bool(lost) == bool(drop), lost
+
+
+# The server by hand as roles/adopt's baseline exports it (adopt_take_over) for inference_server_take_over.
+TAKE_OVER = {
+    "pid": 4242,
+    "start_ticks": 777,
+    "argv": ["/root/ml-env/bin/python", "/root/ml-env/bin/transformers", "serve", "/root/models/tiny"],
+    "user": "root",
+    "cwd": "/root",
+    "venv": "/root/ml-env",
+    "model_dir": "/root/models/tiny",
+    "record_dir": "/var/lib/inference-server-deploy/adopt",
+    "restore_unit": "inference-server-by-hand",
+    "stop_timeout_s": 60,
+    "baseline": {"decode_tps_mean": 21.5, "summary": "gate PASS"},
+}
+
+
+def record_good(tmp_path: Path, **variables: object) -> subprocess.CompletedProcess:
+    """inference_server's record_good entry point on localhost, the deploy directory in ``tmp_path``."""
+    (tmp_path / "deploy").mkdir(exist_ok=True)
+    base = {"inference_server_deploy_dir": str(tmp_path / "deploy"), "ml_env_path": "/root/ml-env"}
+    return run_role_tasks(tmp_path, {**base, **variables}, ["record_good.yml"], check_mode=False)
+
+
+def test_a_server_run_by_hand_is_recorded_whole_through_the_module(tmp_path):
+    """Adopting: the record of the server by hand is written by the record's one writer (issue 45), and
+    replaces an older record of ours whole: no unit of ours is kept beside it."""
+    record(tmp_path / "deploy", unit_service="[Service]\n", state_json='{"kind": "unit"}')
+    run = record_good(tmp_path, health_gate_passed=True, inference_server_take_over=TAKE_OVER)
+    assert run.returncode == 0, run.stdout[-3000:]
+    lkg = tmp_path / "deploy" / "last-known-good"
+    assert sorted(p.name for p in lkg.iterdir()) == ["state.json"]
+    state = json.loads((lkg / "state.json").read_text())
+    assert state == {
+        "kind": "by-hand",
+        "engine": "sglang (by hand)",
+        "engine_version": "",
+        "venv_dir": "/root/ml-env",
+        "venv_lock": "by-hand",
+        "ml_env_path": "/root/ml-env",
+        "model_dir": "/root/models/tiny",
+        "model_revision": "by-hand",
+        "model_current_link": "",
+        "argv": TAKE_OVER["argv"],
+        "pid": 4242,
+        "user": "root",
+        "cwd": "/root",
+        "port": 30000,
+        "adopt_dir": "/var/lib/inference-server-deploy/adopt",
+        "restore_unit": "inference-server-by-hand",
+        "baseline": TAKE_OVER["baseline"],
+        "gate_thresholds": {"min_decode_tps": 0, "max_ttft_s": 0, "min_accept_length": 0, "min_running_requests": 0},
+    }
+    assert (lkg / "state.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_nothing_is_recorded_that_no_gate_passed_in_the_run(tmp_path):
+    run = record_good(tmp_path, inference_server_take_over=TAKE_OVER)
+    assert run.returncode != 0
+    assert (
+        "inference_server's record_good records the server that serves as last-known-good only after it passed the "
+        "gate in this run (health_gate_passed is not set): gate it first"
+    ) in " ".join(run.stdout.split()), run.stdout[-3000:]
+    assert not (tmp_path / "deploy" / "last-known-good").exists()

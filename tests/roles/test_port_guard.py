@@ -122,7 +122,7 @@ def test_usage():
 
 def install_port_guard(directory: Path) -> Path:
     """Install the guard as inference_server does: the modules its vars list, the launcher as port-guard."""
-    files = yaml.safe_load(INFERENCE_SERVER_VARS.read_text())["_inference_server_port_guard_lib_files"]
+    files = yaml.safe_load(INFERENCE_SERVER_VARS.read_text())["_inference_server_helper_lib_files"]
     install.install(str(directory), files)
     installed = directory / "port-guard"
     installed.write_bytes(LAUNCHER.read_bytes())

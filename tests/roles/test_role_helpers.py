@@ -162,6 +162,31 @@ def test_host_facts_reads_the_deployed_state(tmp_path):
     assert facts["deployed"] == {}
 
 
+@pytest.mark.parametrize(
+    "hostname, addresses",
+    [
+        ("#!/bin/sh\n[ \"$1\" = --all-ip-addresses ] && echo '10.0.4.17 fd00::5 '\n", ["10.0.4.17", "fd00::5"]),
+        ("#!/bin/sh\nexit 1\n", []),
+        (None, []),
+    ],
+    ids=["listed", "failing", "missing"],
+)
+def test_host_facts_list_the_hosts_addresses_for_the_ip_allow_list(tmp_path, hostname, addresses):
+    """This host's addresses, as `hostname --all-ip-addresses` gives them (the unit's IP allow-list, read in
+    preflight's one round trip); none when the program fails or is missing."""
+    if hostname:
+        (tmp_path / "hostname").write_text(hostname)
+        (tmp_path / "hostname").chmod(0o755)
+    run = subprocess.run(
+        [sys.executable, "-SE", str(HOST_TOOL), "facts", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": f"{tmp_path}:/nonexistent"},
+    )
+    assert json.loads(run.stdout)["addresses"] == addresses
+
+
 def free_port() -> int:
     """A TCP port nothing listens on."""
     with socket.socket() as probe_port:

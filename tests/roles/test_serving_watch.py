@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from llm_host_lib import install
 from role_files import import_file
 from test_drain import directives, render_unit, template_run
 
 REPO = Path(__file__).resolve().parents[2]
 WATCHDOG = REPO / "roles" / "inference_server" / "files" / "watchdog.py"
+VARS = REPO / "roles" / "inference_server" / "vars" / "main.yml"
 KEY = "sk-watchdog-test-not-a-secret"
 # systemctl as the watchdog uses it: show (the unit's properties), reset-failed, restart, start. With
 # "start_limit_burst" in the state, a start beyond that many since the last reset-failed is refused as
@@ -168,9 +171,9 @@ def host(tmp_path, server):
         paths = config
         unit = str(unit_file)
 
-        def run(self, *args: str, **env: str) -> subprocess.CompletedProcess:
+        def run(self, *args: str, program: list[str] = (str(WATCHDOG),), **env: str) -> subprocess.CompletedProcess:
             environ = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_UNIT_STATE=str(unit_file), **env)
-            cmd = [sys.executable, str(WATCHDOG), *(args or ("probe",)), str(tmp_path / "watchdog.json")]
+            cmd = [sys.executable, *program, *(args or ("probe",)), str(tmp_path / "watchdog.json")]
             return subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=60)
 
         def metric(self, name: str) -> float:
@@ -219,6 +222,21 @@ def test_a_hung_server_is_restarted_after_the_failures_in_a_row(host, server):
     assert host.calls() == ["restart --no-block llm.service"]
     assert host.metric("llm_watchdog_restarts_total") == 1
     assert host.metric("llm_watchdog_consecutive_failures") == 0
+
+
+def test_as_installed_the_watchdog_restarts_through_the_restart_program_beside_it(host, server, tmp_path):
+    """On the host the watchdog is /usr/local/lib/<unit>/watchdog, beside the modules of llm_host_lib that
+    inference_server installs (its vars list them): the restart it runs is that program's (no site-packages:
+    -S, so nothing else could have provided it)."""
+    helpers = tmp_path / "usr-local-lib-llm"
+    install.install(str(helpers), yaml.safe_load(VARS.read_text())["_inference_server_helper_lib_files"])
+    (helpers / "watchdog").write_bytes(WATCHDOG.read_bytes())
+    server.mode = "hang"
+    installed = ["-S", str(helpers / "watchdog")]
+    assert "probe failed (1 of 2 in a row)" in host.run(program=installed).stdout
+    second = host.run(program=installed)
+    assert "llm.service is active after the watchdog's restart" in second.stdout, second.stdout + second.stderr
+    assert host.calls() == ["restart --no-block llm.service"]
 
 
 def test_nothing_is_probed_while_a_deploy_holds_the_lock_or_the_unit_is_starting(host, server):

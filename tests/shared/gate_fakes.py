@@ -219,11 +219,15 @@ class FakeLLMServer:
 
 
 FAKE_SYSTEMCTL = r'''#!%(python)s
-"""Fake systemctl: `show` prints state.json of $FAKE_SYSTEMD as KEY=VALUE."""
+"""Fake systemctl: `show` prints state.json of $FAKE_SYSTEMD as KEY=VALUE; `restart` and `start` make
+next.json, when there is one, the state (the unit's new start)."""
 import json, os, sys
 root = os.environ["FAKE_SYSTEMD"]
 with open(os.path.join(root, "calls.log"), "a") as log:
     log.write("systemctl " + " ".join(sys.argv[1:]) + "\n")
+if sys.argv[1:2] in (["restart"], ["start"]) and os.path.exists(os.path.join(root, "next.json")):
+    os.replace(os.path.join(root, "next.json"), os.path.join(root, "state.json"))
+    sys.exit(0)
 if sys.argv[1:2] != ["show"]:
     sys.exit(1)
 with open(os.path.join(root, "state.json")) as f:
@@ -264,6 +268,14 @@ class FakeSystemd:
 
     def set_state(self, **props: Any) -> None:
         """Replace the unit's properties (atomically, the watcher may be reading)."""
+        self.write_state("state.json", **props)
+
+    def set_next_state(self, **props: Any) -> None:
+        """The unit's properties after the next ``systemctl restart`` or ``start`` (its new start)."""
+        self.write_state("next.json", **props)
+
+    def write_state(self, name: str, **props: Any) -> None:
+        """Write the unit's properties (the defaults below, then ``props``) to ``name`` atomically."""
         state = {
             "LoadState": "loaded",
             "ActiveState": "active",
@@ -277,9 +289,9 @@ class FakeSystemd:
             "ExecMainStatus": 0,
         }
         state.update(props)
-        tmp = self.root / "state.json.tmp"
+        tmp = self.root / f"{name}.tmp"
         tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.root / "state.json")
+        os.replace(tmp, self.root / name)
 
     def set_journal(self, invocation: str, lines: list[str]) -> None:
         """The journal of one invocation."""

@@ -430,10 +430,12 @@ a run of failures as an answer would. The running and queued requests are named 
 decide (a hung scheduler leaves its gauges as they were). An engine without metrics
 (transformers serve, SGLang without `inference_server_enable_metrics`) keeps the rule as it was: a missed
 deadline is a failure. After `inference_server_watchdog_failures` (2) failed probes in a row it
-restarts the server the way a deploy does, `systemctl restart --no-block` (SIGTERM to the main
-process, the drain bounded by `TimeoutStopSec`; systemd follows SIGTERM with SIGCONT, so a
-stopped process drains too), then waits for the new start until it is ready; but it does not
-clear the start limit first: a server that hangs again after every restart reaches
+restarts the server with the deploy's own restart program (role llm_host's
+`llm_host_lib/restart.py`, installed beside the watchdog with the port guard's modules, which
+inference_server's `tasks/restart.yml` runs through the `llm_host` module): `systemctl restart
+--no-block` (SIGTERM to the main process, the drain bounded by `TimeoutStopSec`; systemd follows
+SIGTERM with SIGCONT, so a stopped process drains too), then the wait for the new start, and
+here until it is ready; but it does not clear the start limit first: a server that hangs again after every restart reaches
 `StartLimitBurst`, systemd fails the unit (`OnFailure=`) and the back-off above takes over, whose
 start alone clears the limit (`reset-failed`), once per retry. It writes `llm_watchdog.prom` in
 `inference_server_textfile_dir` through a fresh file of a random name in that directory (created

@@ -9,7 +9,7 @@ from conftest import REPO, UNIT, record
 
 # The files of llm_host_lib that the port guard imports, as the role installs them.
 GUARD_FILES = yaml.safe_load((REPO / "roles/inference_server/vars/main.yml").read_text())[
-    "_inference_server_port_guard_lib_files"
+    "_inference_server_helper_lib_files"
 ]
 # path -> (type, user, group, mode)
 EXPECTED = {

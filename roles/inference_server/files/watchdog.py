@@ -11,14 +11,15 @@ grew when the engine generated meanwhile; such a probe is "busy" (the probe wait
 running requests), not a failure. Without metrics (transformers serve; SGLang without them) a
 missed deadline is a failure, as it always was. The running and queued requests are named but
 do not decide: a hung scheduler leaves its gauges where they were. After ``failures`` probes in
-a row that failed, the server is restarted the way a deploy restarts it (``systemctl restart
---no-block``: a drain of the requests in flight bounded by TimeoutStopSec, then the new start),
-but without clearing the start limit: a server that hangs again after each restart reaches it,
-systemd fails the unit (OnFailure=) and the back-off below takes over. A unit that systemd gave
-up on (failed, its start limit hit) is started again once it has been failed for
-``retry_failed_s``, doubled after each retry that did not bring it back, up to
-``retry_failed_max_s``; that start clears the start limit first (reset-failed), and the back-off
-is what bounds it.
+a row that failed, the server is restarted by the deploy's own restart sequence, role llm_host's
+``llm_host_lib/restart.py``, which inference_server installs beside this program (with the port
+guard's modules) and which Python finds there (``systemctl restart --no-block``: a drain of the
+requests in flight bounded by TimeoutStopSec, then the new start), but without clearing the start
+limit: a server that hangs again after each restart reaches it, systemd fails the unit
+(OnFailure=) and the back-off below takes over. A unit that systemd gave up on (failed, its start
+limit hit) is started again once it has been failed for ``retry_failed_s``, doubled after each
+retry that did not bring it back, up to ``retry_failed_max_s``; that start clears the start limit
+first (reset-failed), and the back-off is what bounds it.
 
 ``watchdog gave-up CONFIG``: the unit's OnFailure= service; writes one line to the journal and
 counts the give-up.
@@ -41,7 +42,6 @@ import os
 import re
 import secrets
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -50,6 +50,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# The restart sequence a deploy runs, installed beside this program (/usr/local/lib/<unit>/llm_host_lib).
+from llm_host_lib.restart import restart, unit_state
 
 # Counters and gauges in the state file, with their HELP text; every one is rendered.
 METRICS = {
@@ -65,18 +68,6 @@ METRICS = {
     "llm_server_gave_up_total": "Times systemd gave up restarting the server (its start limit hit; OnFailure=).",
     "llm_server_last_gave_up_timestamp_seconds": "When systemd last gave up restarting the server.",
 }
-
-
-def systemctl(*args: str) -> str:
-    """Output of ``systemctl ARGS`` (stdout; its exit status is not checked)."""
-    return subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False).stdout
-
-
-def unit_state(unit: str) -> dict[str, str]:
-    """ActiveState, InvocationID and InactiveEnterTimestampMonotonic of ``unit``.service."""
-    props = "ActiveState,InvocationID,InactiveEnterTimestampMonotonic,Result,NRestarts"
-    out = systemctl("show", "-p", props, f"{unit}.service")
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def api_key(path: str) -> str:
@@ -195,38 +186,17 @@ def deploy_running(config: dict[str, Any], now: float) -> bool:
     return stale <= 0 or age < stale
 
 
-def wait_for(check: Callable[[], bool], timeout: float, interval: float = 1.0) -> bool:
-    """Poll ``check`` until it is true (True) or ``timeout`` seconds have passed (False)."""
-    end = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > end:
-            return False
-        time.sleep(interval)
-    return True
-
-
-def restart(config: dict[str, Any], verb: str, clear_start_limit: bool) -> str:
-    """Restart (or start) the unit as a deploy does and wait for the outcome: its ActiveState then.
-
-    ``clear_start_limit`` runs ``reset-failed`` first, as the deploy does: only for a unit systemd gave
-    up on, whose retries the back-off bounds. A hung server's restart counts against the start limit.
-    """
-    unit = config["unit"]
-    before = unit_state(unit).get("InvocationID", "")
-    if clear_start_limit:
-        systemctl("reset-failed", f"{unit}.service")
-    systemctl(verb, "--no-block", f"{unit}.service")
-
-    def new_start() -> bool:
-        state = unit_state(unit)
-        if state.get("ActiveState") == "failed":  # the start limit refused the start
-            return True
-        return state.get("InvocationID", "") not in ("", before) and state.get("ActiveState") != "deactivating"
-
-    # The drain (KillMode=mixed, TimeoutStopSec), then the start until ready (TimeoutStartSec).
-    wait_for(new_start, float(config["stop_timeout_s"]) + 30)
-    wait_for(lambda: unit_state(unit).get("ActiveState") != "activating", float(config["start_timeout_s"]) + 30)
-    return unit_state(unit).get("ActiveState", "unknown")
+def restart_unit(config: dict[str, Any], start: bool, clear_start_limit: bool) -> str:
+    """Restart (``start``: start) the unit with the deploy's sequence and wait until it started and
+    answered its readiness probe or failed: its ActiveState then."""
+    done = restart(
+        config["unit"],
+        float(config["stop_timeout_s"]),
+        start=start,
+        clear_start_limit=clear_start_limit,
+        ready_timeout_s=float(config["start_timeout_s"]),
+    )
+    return str(done["active_state"])
 
 
 def render(state: dict[str, Any], unit: str) -> str:
@@ -316,7 +286,7 @@ def run_probe(config: dict[str, Any]) -> int:
             )
             return 0
         print(f"{unit}.service has been failed for {failed_for:.0f} s: starting it again (retry {retries + 1})")
-        outcome = restart(config, "start", clear_start_limit=True)
+        outcome = restart_unit(config, start=True, clear_start_limit=True)
         publish(config, lambda st: restarted(st, now, "failed_retries", retries + 1 if outcome != "active" else 0))
         print(f"{unit}.service is {outcome} after the retry")
         return 0 if outcome == "active" else 1
@@ -359,7 +329,7 @@ def run_probe(config: dict[str, Any]) -> int:
     if count < failures:
         return 0
     print(f"{unit}.service does not answer: restarting it (drain up to {config['stop_timeout_s']} s, then start)")
-    outcome = restart(config, "restart", clear_start_limit=False)
+    outcome = restart_unit(config, start=False, clear_start_limit=False)
     publish(config, lambda st: restarted(st, now, "llm_watchdog_consecutive_failures", 0))
     print(f"{unit}.service is {outcome} after the watchdog's restart")
     return 0 if outcome == "active" else 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: llm_host
-short_description: Read the host; find, keep, stop or restore a server run by hand; make the service's directories
+short_description: Read the host; find, keep, stop or restore a server run by hand; restart ours; make its directories
 description:
   - Runs one subcommand of the deploy's host helper (the package C(module_utils/llm_host_lib) of
     role llm_host) and returns its JSON object as C(host).
@@ -29,9 +29,16 @@ options:
         by hand, keep what it takes to start it again, put it back, stop it and switch the venv
         link, or tell whether it still runs. Secret-looking values never leave the host (masked as
         ***). C(llm_host_lib/adopt.py) documents their arguments and keys.
+      - C(restart) (role inference_server), with I(args) C(UNIT STOP_TIMEOUT_S [--start]
+        [--clear-start-limit] [--daemon-reload] [--ready START_TIMEOUT_S]), is the one restart
+        sequence of the server's unit, which the watchdog runs on the host too. It reloads systemd
+        and clears the start limit when asked, runs C(restart --no-block) and waits until the old
+        server drained and the new one started; it fails with one sentence when the new start
+        does not come within STOP_TIMEOUT_S + 30 s (C(llm_host_lib/restart.py) documents it).
       - C(install) (role inference_server), with I(args) C(DIR FILE...), puts the named files of
         the package (C(__init__.py), C(guard.py), ...) into C(DIR/llm_host_lib/) for the port
-        guard, whose launcher goes beside them (C(llm_host_lib/install.py) documents how).
+        guard, whose launcher goes beside them, and for the watchdog (C(llm_host_lib/install.py)
+        documents how).
       - C(service-dirs) (role inference_server), with I(args) C(USER GROUP VAR=PATH...), makes each
         C(PATH) a directory of C(USER:GROUP), mode 0750, following no symbolic link inside a
         directory others than root can write, and hands over what another account left there
@@ -40,7 +47,7 @@ options:
         (C(llm_host_lib/service_dirs.py) documents how).
     type: str
     required: true
-    choices: [facts, inspect, record, restore, switch, alive, install, service-dirs]
+    choices: [facts, inspect, record, restore, switch, alive, restart, install, service-dirs]
   args:
     description: The subcommand's arguments, as on its command line.
     type: list
@@ -49,7 +56,7 @@ options:
 notes:
   - Check mode runs C(facts), C(inspect) and C(alive) (they change nothing), C(install) and
     C(service-dirs) (which then change nothing and say what they would, a refusal included), and
-    skips the others, returning C(changed=true) and an empty C(host).
+    skips the others (C(restart) too), returning C(changed=true) and an empty C(host).
 author: llm-deploy
 """
 
@@ -65,6 +72,12 @@ EXAMPLES = r"""
     command: inspect
     args: ["8000", inference-server]
   register: by_hand
+
+- name: Restart the server, letting the old one finish its requests in flight
+  llm_host:
+    command: restart
+    args: [inference-server, "150", --clear-start-limit, --daemon-reload]
+  register: restarted
 
 - name: Install the port guard's modules
   llm_host:
@@ -91,10 +104,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llm_host_lib.adopt import adopt
 from ansible.module_utils.llm_host_lib.facts import facts
 from ansible.module_utils.llm_host_lib.install import install
+from ansible.module_utils.llm_host_lib.restart import parse, restart
 from ansible.module_utils.llm_host_lib.service_dirs import service_dirs
 
 # The subcommands that change the host (skipped in check mode).
-CHANGING = ("record", "restore", "switch")
+CHANGING = ("record", "restore", "switch", "restart")
 
 
 def run_module() -> None:
@@ -120,6 +134,9 @@ def run_module() -> None:
             host = install(args[0], args[1:], check=module.check_mode) if len(args) > 1 else None
         elif command == "service-dirs":
             host = service_dirs(args, check=module.check_mode)
+        elif command == "restart":
+            kwargs = parse(args)
+            host = restart(**kwargs) if kwargs is not None else None  # type: ignore[arg-type]
         else:
             host = adopt([command, *args])
     except SystemExit as exc:  # a refusal ({"failed": true, "msg": ...}) or argparse's usage error
@@ -129,6 +146,8 @@ def run_module() -> None:
         module.fail_json(msg=f"llm_host {command} {' '.join(args)}: {refusal}")
     if host is None:
         module.fail_json(msg=f"llm_host {command}: wrong arguments {args} (llm_host_lib's docstrings list them)")
+    if host.get("failed"):
+        module.fail_json(msg=str(host["msg"]), host=host)
     module.exit_json(changed=bool(host.get("changed", command in CHANGING)), host=host)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 #   gate      roles/health_gate/tasks/gate.yml, after every gate (a later gate of the host, a
 #             rollback's, replaces it): passed, summary, report_path, timestamp, figures (the
 #             verdict's: decode_tps_mean, ttft_p95_s, accept_length, ...), unit (its systemd state)
-#   restarts  roles/inference_server/tasks/wait_drained.yml, after every deliberate restart (the
+#   restarts  roles/inference_server/tasks/restart.yml, after every deliberate restart (the
 #             deploy's, a rollback's): one entry per new start of the unit
 STATS_KEY = "llm_deploy"
 

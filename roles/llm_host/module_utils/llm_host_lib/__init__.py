@@ -10,7 +10,8 @@ what follows from it. One package, three uses:
 * the command line ``llm-host SUBCOMMAND ...``: the launcher ``module_utils/llm-host`` beside
   this package imports it as ``llm_host_lib`` (the tests, molecule's adopt scenario, by hand);
 * the unit's port guard: the same launcher, installed by inference_server as
-  ``/usr/local/lib/<unit>/port-guard`` beside the modules the guard needs.
+  ``/usr/local/lib/<unit>/port-guard`` beside the modules the guard needs; the watchdog,
+  installed beside them, imports ``restart`` from there.
 
 Modules import each other relatively, so both names work; this ``__init__`` imports nothing.
 
@@ -19,8 +20,11 @@ Modules import each other relatively, so both names work; this ``__init__`` impo
 * ``adopt``: ``inspect``, ``record``, ``restore``, ``switch``, ``alive``, a server started by
   hand (adopt);
 * ``guard``: the port guard (``port-guard PORT UNIT [GRACE_S]``, or ``guard``);
+* ``restart``: the one restart sequence of the server's unit (inference_server's restart task
+  through the module, the watchdog between deploys through the installed copy);
 * ``cli``: the command line's dispatch;
-* ``install``: the module's ``install``, the guard's modules onto the host (inference_server).
+* ``install``: the module's ``install``, the modules of the port guard and the watchdog onto the
+  host (inference_server).
 * ``service_dirs``: the module's ``service-dirs``, the service account's directories, made
   without following a link the account could have put there (inference_server).
 * ``durable``: writes that survive a power cut (file fsynced, renamed, directory fsynced), for

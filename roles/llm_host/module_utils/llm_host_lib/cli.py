@@ -7,6 +7,7 @@ it; ``facts`` and adopt's print the JSON object the module returns as ``host``:
 
 * ``facts``: the host facts (``facts``);
 * ``inspect``, ``record``, ``restore``, ``switch``, ``alive``: a server started by hand (``adopt``);
+* ``restart``: the server's restart sequence (``restart``), which the watchdog imports;
 * ``guard``: the port guard (``guard``).
 
 (The module's ``install`` and ``service-dirs`` have no command line.) A wrong command line prints this or the
@@ -37,6 +38,10 @@ def main(argv: list[str]) -> int:
         return facts_main(rest)
     if command_name == "guard":
         return guard_main(rest)
+    if command_name == "restart":
+        from .restart import restart_main
+
+        return restart_main(rest)
     if command_name in ADOPT_COMMANDS:
         from .adopt import adopt_main
 

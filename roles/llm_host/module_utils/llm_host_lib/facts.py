@@ -14,7 +14,9 @@ Role preflight reads them in one round trip (the module's ``command: facts``). O
 * ``systemd``: whether the host was booted with systemd (``/run/systemd/system`` exists,
   the test of ``sd_booted(3)``);
 * ``paths``: for each ``--path``, what is there (not followed): ``absent``, ``link``,
-  ``dir`` or ``file``.
+  ``dir`` or ``file``;
+* ``addresses``: this host's addresses as ``hostname --all-ip-addresses`` lists them (no
+  loopback), ``[]`` without that program: the server's IP allow-list lets them in.
 """
 
 from __future__ import annotations
@@ -111,6 +113,18 @@ def deployed_state(path: str | None) -> dict[str, object]:
     return found if isinstance(found, dict) else {}
 
 
+def own_addresses() -> list[str]:
+    """This host's addresses, as ``hostname --all-ip-addresses`` lists them; ``[]`` when it cannot tell."""
+    program = shutil.which("hostname")
+    if not program:
+        return []
+    try:
+        out = subprocess.run([program, "--all-ip-addresses"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
 def path_type(path: str) -> str:
     """What is at ``path``, not following a link: absent, link, dir or file."""
     try:
@@ -147,4 +161,5 @@ def facts(argv: list[str]) -> dict[str, object]:
         "deployed": deployed_state(args.state_file),
         "systemd": os.path.isdir("/run/systemd/system"),
         "paths": {path: path_type(path) for path in args.path},
+        "addresses": own_addresses(),
     }

@@ -1,8 +1,9 @@
-"""``install DIR FILE...`` (the module's only): put the port guard's part of this package on the host.
+"""``install DIR FILE...`` (the module's only): put the host helpers' part of this package on the host.
 
 inference_server runs it with the directory of the unit's helpers (``/usr/local/lib/<unit>``)
-and the files of this package that the guard needs (its vars list them, so that the converged
-record checks the same files): each goes to ``DIR/llm_host_lib/<file>``, root's and 0644 in a
+and the files of this package that the port guard and the watchdog import (the guard, the restart
+sequence; its vars list them, so that the converged record checks the same files): each goes to
+``DIR/llm_host_lib/<file>``, root's and 0644 in a
 0755 directory, and is rewritten only when its content differs, on disk when this returns
 (:mod:`.durable`: the guard runs at the next boot too). One module run writes them all
 (a ``copy`` task per file would pay a round trip or two each). The content is this package as
@@ -17,8 +18,8 @@ import json
 import os
 import stat
 
-# AnsiballZ ships only what the module imports: the port guard needs these.
-from . import cli, guard, proc  # noqa: F401
+# AnsiballZ ships only what the module imports: the port guard and the watchdog need these.
+from . import cli, guard, proc, restart  # noqa: F401
 from .durable import replace_file
 
 PACKAGE_DIR = "llm_host_lib"

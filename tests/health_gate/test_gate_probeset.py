@@ -54,8 +54,20 @@ def test_a_conversation_turn_is_built_on_the_earlier_outputs():
     assert [i["id"] for i in items] == ["talk/1", "talk/2", "talk/3"]
     from llm_gate.probe import prompt_of
 
-    texts = {"talk/1": "one", "talk/2": "two"}
-    assert [prompt_of(i, texts) for i in items] == ["A:", "A:one B:", "A:one B:two C:"]
+    priors = [[], ["one"], ["one", "two"]]
+    assert [prompt_of(items[n], priors[n]) for n in range(3)] == ["A:", "A:one B:", "A:one B:two C:"]
+
+
+def test_a_turn_is_asked_on_what_its_reference_was_asked_on():
+    from llm_gate.probe import prior_of
+
+    turn3 = llm_gate.golden_prompts({"max_tokens": 4, "items": [{"id": "talk", "turns": ["A:", " B:", " C:"]}]})[2]
+    own = {"talk/1": "mine1", "talk/2": "mine2"}
+    assert prior_of(turn3, {}, own) == ["mine1", "mine2"]
+    reference = {"talk/1": {"text": "ref1"}, "talk/2": {"text": "ref2"}}
+    assert prior_of(turn3, reference, own) == ["ref1", "ref2"]
+    reference["talk/3"] = {"text": "ref3", "prior": ["asked1", "asked2"]}
+    assert prior_of(turn3, reference, own) == ["asked1", "asked2"]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ Real SGLang cannot run on the CI machine's CPU, so the probe's SGLang calls (``/
 them in SGLang 0.5.11's shapes (read from its source: ``input_token_logprobs`` starts with a
 ``None`` for the first position asked, ``output_top_logprobs`` holds ``[logprob, id, text]``
 triples). Its model is a toy: bytes are tokens, and the log-probabilities of the next byte are a
-seeded function of the last two, so greedy output is deterministic and every fault is a choice:
+seeded function of the last two and of the sum of all, so greedy output is deterministic and every fault is a choice:
 
 ``mode``: ``ok``; ``near_tie`` (a small perturbation of every logit, 0.03: flips only near-ties, little
 drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache_bug`` (the
@@ -31,8 +31,9 @@ VOCAB = 128
 
 
 def _logprobs(context: list[int], noise: float = 0.0, rng: random.Random | None = None) -> list[float]:
-    """The toy model's log-probabilities of the next byte after ``context`` (seeded by its last two bytes)."""
-    key = hashlib.sha256(bytes(context[-2:]) + b"toy").digest()
+    """The toy model's log-probabilities of the next byte after ``context`` (seeded by its last two bytes
+    and a digest of all of it, so that an earlier turn's text changes a later turn's output)."""
+    key = hashlib.sha256(bytes(context[-2:]) + bytes([sum(context) % 256]) + b"toy").digest()
     seeded = random.Random(key)
     logits = [seeded.gauss(0.0, 2.0) for _ in range(VOCAB)]
     if noise:

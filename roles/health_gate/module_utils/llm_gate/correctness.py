@@ -56,10 +56,13 @@ def wilson_lower(correct: int, count: int, confidence: float = 0.95) -> float:
 
 def record_of(result: dict[str, Any], model_revision: str | None) -> dict[str, Any]:
     """What the last-known-good keeps of a probe: the probe set, the model revision, the eval's
-    score and each golden output (text, and token ids and their log-probabilities where given)."""
+    score and each golden output (text, and token ids and their log-probabilities where given; a
+    conversation's later turn also the texts of the turns before it that it was asked on)."""
     golden = {}
     for key, value in (result.get("golden") or {}).items():
-        golden[key] = {name: value[name] for name in ("text", "token_ids", "logprobs") if value.get(name) is not None}
+        golden[key] = {
+            name: value[name] for name in ("text", "token_ids", "logprobs", "prior") if value.get(name) is not None
+        }
     ev = result.get("eval") or {}
     return {
         "probe": result.get("probe"),

@@ -207,20 +207,27 @@ ENGINE_CALLS: dict[str, type[EngineCalls]] = {
 }
 
 
-def _turn_prompt(item: dict[str, Any], texts: dict[str, str]) -> str:
-    """Turn ``item["turn"]`` of a conversation: every earlier turn followed by the text it got."""
+def prior_of(item: dict[str, Any], reference: dict[str, Any], own: dict[str, str]) -> list[str]:
+    """The texts the earlier turns of a conversation got, which turn ``item["turn"]``'s prompt is built on:
+    the reference's own ``prior`` for this turn when it has one (the prompt it was recorded with), else
+    the reference's texts of those turns, else this run's (no reference)."""
+    recorded = (reference.get(item["id"]) or {}).get("prior")
+    if isinstance(recorded, list) and len(recorded) == item["turn"] - 1:
+        return [str(text) for text in recorded]
     base = item["id"].rsplit("/", 1)[0]
+    keys = [f"{base}/{n}" for n in range(1, item["turn"])]
+    return [(reference.get(key) or {}).get("text", own.get(key, "")) for key in keys]
+
+
+def prompt_of(item: dict[str, Any], prior: list[str]) -> str:
+    """The prompt of one golden item (:func:`.probeset.golden_prompts`): a conversation's turn k is each
+    earlier turn followed by the text it got (``prior``), then turn k."""
+    if "prompt" in item:
+        return item["prompt"]
     parts = []
-    for n in range(1, item["turn"]):
-        parts += [item["turns"][n - 1], texts[f"{base}/{n}"]]
+    for n, text in enumerate(prior):
+        parts += [item["turns"][n], text]
     return "".join(parts) + item["turns"][item["turn"] - 1]
-
-
-def prompt_of(item: dict[str, Any], texts: dict[str, str]) -> str:
-    """The prompt of one golden item (:func:`.probeset.golden_prompts`); a conversation's turn is built on
-    ``texts``, the outputs its earlier turns got (the reference's when there is one, so that both ask
-    the same)."""
-    return item["prompt"] if "prompt" in item else _turn_prompt(item, texts)
 
 
 def _ask_eval(calls: EngineCalls, probe: dict[str, Any], concurrency: int, monitor: Monitor) -> list[dict[str, Any]]:
@@ -303,12 +310,16 @@ def run_probe(
     if note:
         result["notes"].append(note)
     golden_ref = (reference or {}).get("golden") or {}
-    texts = {key: value["text"] for key, value in golden_ref.items()}
     outputs: dict[str, Completion] = {}
     prompts: dict[str, str] = {}
     for item in probe["golden_prompts"]:
-        prompts[item["id"]] = prompt_of(item, {**{k: v["text"] for k, v in outputs.items()}, **texts})
+        # A turn is asked on the texts the reference's was asked on, so that both asked the same, and
+        # keeps them (its record is then whole by itself, also when this run's outputs replace it).
+        prior = prior_of(item, golden_ref, {k: v["text"] for k, v in outputs.items()}) if "turns" in item else None
+        prompts[item["id"]] = prompt_of(item, prior or [])
         outputs[item["id"]] = monitor.call(calls.complete, prompts[item["id"]], max_tokens, f"golden {item['id']}")
+        if prior is not None:
+            outputs[item["id"]]["prior"] = prior
     result["golden"] = {key: dict(value) for key, value in outputs.items()}
     if say:
         say(f"correctness: {len(outputs)} golden prompts, {max_tokens} tokens each")

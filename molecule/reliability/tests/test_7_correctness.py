@@ -87,6 +87,8 @@ def test_a_fast_model_revision_that_answers_wrong_is_refused(deployer: Deployer,
     )
     assert run.rc != 0 and full_match(BACK_ON_LKG, run.message), run.message
     assert "is below min_eval_score 0.8" in run.message
+    # Healthy and as fast: the speed checks passed, only the answers failed it.
+    assert refused and "tok/s decode" in refused.group(1) and "below min_decode_tps" not in refused.group(1)
     after = lkg()
     assert after["model_dir"] == before["model_dir"] and after["gate_baseline"] == before["gate_baseline"]
     assert "perturbed" not in sh("readlink /srv/models/tiny-qwen3.5/current")

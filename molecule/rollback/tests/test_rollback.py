@@ -42,30 +42,18 @@ def test_failed_deploy_says_what_failed_and_that_the_host_is_back(case, evidence
     assert run["started_after"] != run["started_before"]
 
 
-@pytest.mark.parametrize(
-    "case, evidence",
-    [
-        # Fast but wrong: a new model revision is judged by its eval score (its outputs are its own).
-        ("wrong_model", "of 20) is below min_eval_score 0.8"),
-        # The same model on an engine that says other things: its eval is right, its golden outputs are not.
-        ("outputs_differ", "golden outputs differ from the last-known-good's on 5 of 5 prompts (code from character 0"),
-    ],
-)
-def test_a_server_that_answers_wrong_is_refused_and_the_host_is_back(case, evidence):
-    run = run_of(case)
+def test_an_upgrade_that_says_other_things_is_refused_and_the_host_is_back():
+    """The same model on an engine that says other things, as fast: its eval is right, its golden
+    outputs are not the last-known-good's."""
+    run = run_of("outputs_differ")
     out = failed_output(run)
-    assert evidence in out
+    assert "golden outputs differ from the last-known-good's on 5 of 5 prompts (code from character 0" in out
+    refused = [line for line in out.splitlines() if "gate FAIL:" in line][0]
+    assert "tok/s decode" in refused and "is below min_decode_tps" not in refused
     assert "The host is back on its last-known-good state" in out and "and serving: gate PASS" in out
     # The restored server is asked the probe again (correctness always) and says what it said before.
     assert "right: golden 5/5" in out.split("The host is back on its last-known-good state")[-1]
     assert run["venv_after"] == run["venv_before"]
-
-
-def test_the_wrong_model_passed_health_and_speed():
-    out = failed_output(run_of("wrong_model"))
-    refused = [line for line in out.splitlines() if "gate FAIL:" in line][0]
-    assert "tok/s decode" in refused and "right:" in refused and "eval" in refused
-    assert "is below min_decode_tps" not in refused and "TTFT p95" in refused
 
 
 def test_the_deploy_after_a_rollback_runs_only_the_role_whose_inputs_changed():

@@ -117,6 +117,11 @@ def test_a_real_config_keeps_the_tiny_tokenizers_vision_ids(tmp_path: Path) -> N
     assert json.loads((model / "config.json").read_text())["hidden_size"] == 8
 
 
+def correctness_args(steps: str | None = None) -> argparse.Namespace:
+    """The command line of ``gpu-acceptance correctness --name t`` as parsed, with ``--steps``."""
+    return argparse.Namespace(name="t", reference=None, steps=steps, gate_arg=[], timeout=60)
+
+
 def test_correctness_relaunches_turns_speculation_off_and_measures_the_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,9 +131,8 @@ def test_correctness_relaunches_turns_speculation_off_and_measures_the_answers(
     monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
     env = {"SGLANG_ENABLE_SPEC_V2": "1", "FAKE_LM_NO_SPEC_MODE": "near_tie"}
     dev = installed(tmp_path / "running", free_port(), env)
-    args = argparse.Namespace(name="t", reference=None, gate_arg=[], timeout=60)
     try:
-        code = ga.correctness.cmd_correctness(args, dev)
+        code = ga.correctness.cmd_correctness(correctness_args(), dev)
     finally:
         for record in dev.load().get("servers", {}).values():
             ga.processes.stop_session(record["pid"], grace_s=5)
@@ -140,6 +144,45 @@ def test_correctness_relaunches_turns_speculation_off_and_measures_the_answers(
     assert again["passed"] and again["golden_same"] == again["golden_prompts"] == 7 and again["drift_max"] == 0.0
     assert no_spec["golden_same"] < 7 and no_spec["golden_near_ties"] == 7 - no_spec["golden_same"]
     assert no_spec["passed"] and 0 < no_spec["drift_max"] <= 0.05
+
+
+def test_correctness_steps_spread_over_calls_keep_one_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose calls are limited in time runs the steps in two invocations: the second compares
+    with the first step recorded by the first, and the record keeps both calls' steps, with the figures
+    of every golden and consistency row."""
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
+    dev = installed(
+        tmp_path / "running", free_port(), {"SGLANG_ENABLE_SPEC_V2": "1", "FAKE_LM_NO_SPEC_MODE": "near_tie"}
+    )
+    with pytest.raises(ga.common.AcceptanceError, match="run --steps first before again or no-spec"):
+        ga.correctness.cmd_correctness(correctness_args("again"), dev)
+    with pytest.raises(ga.common.AcceptanceError, match="unknown step"):
+        ga.correctness.cmd_correctness(correctness_args("first,twice"), dev)
+    try:
+        assert ga.correctness.cmd_correctness(correctness_args("first"), dev) == 0
+        first_call = json.loads((dev.root / "correctness-t.json").read_text())
+        assert "again" not in first_call and "no_spec" not in first_call
+        assert ga.correctness.cmd_correctness(correctness_args("no-spec,again"), dev) == 0
+    finally:
+        for record in dev.load().get("servers", {}).values():
+            ga.processes.stop_session(record["pid"], grace_s=5)
+    record = json.loads((dev.root / "correctness-t.json").read_text())
+    assert record["steps"] == ["again", "no-spec"] and record["first"] == first_call["first"]
+    assert [row["ok"] for row in record["again"]["gate"]["golden"]] == [True] * 7
+    parted = [row for row in record["no_spec"]["gate"]["golden"] if not row["same"]]
+    assert parted and all(row["near_tie"] and row["margin_at_divergence"] <= 0.2 for row in parted)
+    assert all(row["drift"] is not None and row["first_divergence"] is not None for row in parted)
+    assert all(step["seconds"] > 0 and step["start"]["ready_s"] for step in (record["again"], record["no_spec"]))
+    assert {row["id"] for row in record["first"]["gate"]["consistency"]} == {"code", "doc/3", "talk/2"}
+    decisions = record["first"]["gate"]["decisions"]
+    assert decisions["tokens"] == 7 * 32 and decisions["margin"]["min"] <= decisions["margin"]["median"]
+    assert decisions["chosen_logprob"]["max"] <= 0
+
+
+def test_spread_reads_quantiles_off_the_sorted_values() -> None:
+    assert ga.correctness.spread([]) is None
+    figures = ga.correctness.spread([float(v) for v in range(10, -1, -1)])
+    assert figures == {"min": 0.0, "p10": 1.0, "median": 5.0, "p90": 9.0, "max": 10.0}
 
 
 def test_without_speculation_drops_the_speculative_flags_and_the_spec_v2_switch() -> None:

@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("correctness", help="what SGLang says: relaunch, no NEXTN, another version (GPU host)")
     p.add_argument("--name", default="correctness", help="name of the record (default correctness)")
     p.add_argument("--reference", type=Path, help="another version's first-step gate report, re-scored here")
+    p.add_argument(
+        "--steps",
+        help="comma-separated steps to run: first, again, no-spec, versus (default: the first three, and versus "
+        "with --reference); the record of --name keeps the steps run earlier",
+    )
     add_gate_arg(p, "argument for every gate of the steps, after the manifest's (repeatable)")
     p.add_argument("--timeout", type=float, default=570, help="limit for each start and each gate (default 570 s)")
     p = sub.add_parser("collect", help="write the results to --out (GPU host)")

@@ -1,7 +1,7 @@
 """GPU acceptance on the GPU host: what SGLang says, at the model's real size (issue 46, item 4).
 
-    gpu-acceptance --state S correctness [--name NAME] [--reference FILE] [--gate-arg ARG ...]
-        [--timeout 570]
+    gpu-acceptance --state S correctness [--name NAME] [--reference FILE] [--steps STEP,...]
+        [--gate-arg ARG ...] [--timeout 570]
 
 The plan of state ``S`` (from its manifest: NEXTN, the mamba extra buffer, the radix cache, as
 ct129's) is started and gated with the correctness probe (``tools/health-gate --probe-set
@@ -18,20 +18,27 @@ turn:
 4. with ``--reference FILE`` (another version's ``first`` report, e.g. 0.5.11's): this version's
    server re-scores that version's golden outputs (teacher forcing) and is compared with them.
 
+``--steps`` runs some of them (``first``, ``again``, ``no-spec``, ``versus``; default: the first
+three, and ``versus`` with ``--reference``), so that a host whose sessions are limited in time can
+spread them over several calls: the record of the same ``--name`` is read back and each step's
+result replaces that step's only, and ``again`` and ``no-spec`` compare with the ``first`` step
+recorded earlier. The record is written after each step (a session cut short keeps the steps done).
+
 Each step's gate report keeps the figures the role's defaults come from: per golden prompt the
 first divergence, the drift of the reference's log-probabilities and the margin at the divergence;
 per consistency prompt the cached tokens and where a hit or a repeat parted. The record goes to
-``<state>/correctness-NAME.json``; the exit status is 0 when every step's server started and
-answered the probe (its verdicts are the measurement, not a pass or fail of this command).
+``<state>/correctness-NAME.json``; the exit status is 0 when every step asked for started its
+server and answered the probe (its verdicts are the measurement, not a pass or fail of this command).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import Any
 
-from .common import Plan, say, write_json
+from .common import AcceptanceError, Plan, say, write_json
 from .device import Device
 from .measure import utc
 from .processes import cmd_stop
@@ -42,6 +49,12 @@ RUNNING = "running"
 # relative speed gate against the reference (these steps measure answers; upgrade measures speed).
 PROBE_ARGS = ["--probe-set", "chat-general", "--correctness", "always", "--min-eval-score", "0"]
 PROBE_ARGS += ["--max-regression-pct", "0"]
+# The steps, in the order they run, with the key of each one's result in the record.
+STEPS = {"first": "first", "again": "again", "no-spec": "no_spec", "versus": "versus_reference"}
+# The figures kept of each golden and each consistency row of a gate's correctness checks.
+GOLDEN_FIELDS = ("id", "same", "first_divergence", "drift", "margin_at_divergence", "near_tie", "ok")
+CONSISTENCY_FIELDS = ("id", "cached_tokens", "hit_differs_at", "repeat_differs_at", "margin_at_divergence", "drift")
+CONSISTENCY_FIELDS += ("near_tie", "ok")
 
 
 def without_speculation(plan: Plan) -> Plan:
@@ -58,9 +71,30 @@ def without_speculation(plan: Plan) -> Plan:
     return Plan(argv, env, [*plan.notes, "speculative decoding off (gpu-acceptance correctness)"])
 
 
+def spread(values: list[float]) -> dict[str, float] | None:
+    """The lowest, 10th percentile, median, 90th percentile and highest of ``values`` (None when empty)."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    at = {"min": 0.0, "p10": 0.1, "median": 0.5, "p90": 0.9, "max": 1.0}
+    return {name: ordered[round(q * (len(ordered) - 1))] for name, q in at.items()}
+
+
+def decision_figures(probe: dict[str, Any]) -> dict[str, Any]:
+    """How sure the server was of its own greedy choices in the golden pass: the spread of the margin
+    (top-1 minus top-2 log-probability) over every generated token, and of the chosen tokens'
+    log-probabilities. A margin far below ``tie_margin`` everywhere (dummy weights: near-uniform
+    logits) makes every divergence a near-tie, whatever its cause."""
+    golden = (probe.get("golden") or {}).values()
+    margins = [m for out in golden for m in out.get("margins") or [] if m is not None]
+    chosen = [v for out in golden for v in out.get("logprobs") or [] if v is not None]
+    return {"tokens": len(margins), "margin": spread(margins), "chosen_logprob": spread(chosen)}
+
+
 def probe_summary(result: dict[str, Any]) -> dict[str, Any]:
     """What a step's gate said of the answers: its correctness checks, reduced to the figures that
-    set the role's defaults (drift, margins, divergences, cached tokens)."""
+    set the role's defaults (per golden prompt the first divergence, the drift and the margin there;
+    per consistency prompt the cached tokens and where a hit or a repeat parted)."""
     report = result.get("report") or {}
     checks = {c["name"]: c for c in (report.get("verdict") or {}).get("correctness", {}).get("checks") or []}
     golden = checks.get("golden_outputs") or {}
@@ -73,13 +107,13 @@ def probe_summary(result: dict[str, Any]) -> dict[str, Any]:
         "golden_same": None if not rows else sum(1 for row in rows if row.get("same")),
         "golden_near_ties": None if not rows else sum(1 for row in rows if row.get("near_tie")),
         "golden_prompts": len(rows) or None,
+        "golden_share": golden.get("value"),
         "drift_max": max(drifts) if drifts else None,
         "margins_at_divergence": [row.get("margin_at_divergence") for row in rows if not row.get("same")],
-        "consistency": [
-            {k: row.get(k) for k in ("id", "cached_tokens", "hit_differs_at", "repeat_differs_at", "near_tie")}
-            for row in consistency
-        ],
+        "golden": [{k: row.get(k) for k in GOLDEN_FIELDS} for row in rows],
+        "consistency": [{k: row.get(k) for k in CONSISTENCY_FIELDS} for row in consistency],
         "eval": (checks.get("eval_score") or {}).get("value"),
+        "decisions": decision_figures(report.get("correctness") or {}),
         "probe_s": (report.get("correctness") or {}).get("duration_s"),
         "accept_length": result.get("accept_length"),
     }
@@ -87,37 +121,64 @@ def probe_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 def step(dev: Device, name: str, plan: Plan, extra: list[str], timeout: float) -> dict[str, Any]:
     """Start ``plan`` as ``name``, gate it with ``extra``, stop it; the step's record."""
-    record: dict[str, Any] = {"start": switch(dev, name, plan, timeout)}
+    t0 = time.time()
+    record: dict[str, Any] = {"start": switch(dev, name, plan, timeout), "argv": plan.argv}
     if record["start"]["ready"]:
         result = gate(dev, name, [*PROBE_ARGS, *extra], timeout)
         record["gate"] = probe_summary(result)
+        record["gate_s"] = result.get("seconds")
         record["report"] = (dev.load().get("gate") or {}).get(name, {}).get("report")
     cmd_stop(argparse.Namespace(name=name), dev)
+    record["seconds"] = round(time.time() - t0, 1)
     return record
+
+
+def chosen_steps(steps: str | None, reference: Any) -> list[str]:
+    """The steps to run, in :data:`STEPS` order: ``steps`` (comma-separated) or the default set."""
+    if not steps:
+        return [s for s in STEPS if s != "versus" or reference]
+    asked = [s.strip() for s in steps.split(",") if s.strip()]
+    unknown = [s for s in asked if s not in STEPS]
+    if unknown or not asked:
+        named = ", ".join(unknown) or "(none)"
+        raise AcceptanceError(f"--steps: unknown step(s) {named}; choose from {', '.join(STEPS)}")
+    if "versus" in asked and not reference:
+        raise AcceptanceError("--steps versus needs --reference FILE (another version's first-step report)")
+    return [s for s in STEPS if s in asked]
 
 
 def cmd_correctness(args: argparse.Namespace, dev: Device) -> int:
     """The steps of this module's docstring; the record in ``<state>/correctness-NAME.json``."""
+    steps = chosen_steps(args.steps, args.reference)
     plan = dev.plan()
     out = dev.root / f"correctness-{args.name}.json"
-    record: dict[str, Any] = {"name": args.name, "started": utc(time.time()), "argv": plan.argv}
+    reference = dev.root / f"correctness-{args.name}-first.json"
+    if {"again", "no-spec"} & set(steps) and "first" not in steps and not reference.is_file():
+        raise AcceptanceError(f"no first step recorded in {reference}: run --steps first before again or no-spec")
+    record: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {"name": args.name}
+    record.update(started=utc(time.time()), argv=plan.argv, steps=steps)
     if dev.load().get("servers", {}).get(RUNNING):
         cmd_stop(argparse.Namespace(name=RUNNING), dev)
-    say("correctness: the plan as it is (the reference of the steps after it)")
-    record["first"] = step(dev, "first", plan, args.gate_arg, args.timeout)
-    reference = dev.root / f"correctness-{args.name}-first.json"
-    write_json(reference, record["first"].get("report") or {})
     against = ["--baseline", str(reference)]
-    say("correctness: the same plan started again (seeded dummy weights: the same outputs)")
-    record["again"] = step(dev, "again", plan, [*args.gate_arg, *against], args.timeout)
-    say("correctness: without speculative decoding (greedy parity with and without NEXTN)")
-    record["no_spec"] = step(dev, "no-spec", without_speculation(plan), [*args.gate_arg, *against], args.timeout)
-    if args.reference:
-        say(f"correctness: {args.reference}'s golden outputs re-scored by this version")
-        other = ["--baseline", str(args.reference)]
-        record["versus_reference"] = step(dev, "versus", plan, [*args.gate_arg, *other], args.timeout)
-    record["ended"] = utc(time.time())
-    write_json(out, record)
+    for name in steps:
+        if name == "first":
+            say("correctness: the plan as it is (the reference of the steps after it)")
+            record["first"] = step(dev, "first", plan, args.gate_arg, args.timeout)
+            write_json(reference, record["first"].get("report") or {})
+        elif name == "again":
+            say("correctness: the same plan started again (seeded dummy weights: the same outputs)")
+            record["again"] = step(dev, "again", plan, [*args.gate_arg, *against], args.timeout)
+        elif name == "no-spec":
+            say("correctness: without speculative decoding (greedy parity with and without NEXTN)")
+            plain = without_speculation(plan)
+            record["no_spec"] = step(dev, "no-spec", plain, [*args.gate_arg, *against], args.timeout)
+        else:
+            say(f"correctness: {args.reference}'s golden outputs re-scored by this version")
+            other = ["--baseline", str(args.reference)]
+            record["versus_reference"] = step(dev, "versus", plan, [*args.gate_arg, *other], args.timeout)
+            record["reference"] = str(args.reference)
+        record["ended"] = utc(time.time())
+        write_json(out, record)
     say(f"correctness '{args.name}': record in {out}")
-    started = [v for k, v in record.items() if isinstance(v, dict) and "start" in v]
-    return 0 if all(s["start"]["ready"] and s.get("gate") for s in started) else 1
+    done = [record[STEPS[name]] for name in steps]
+    return 0 if all(s["start"]["ready"] and s.get("gate") for s in done) else 1

@@ -84,7 +84,7 @@ def fake_server():
         server.close()
 
 
-# make pytest runs the files on two workers, a file's tests on one worker and in order (--dist
+# make pytest runs the files on PYTEST_WORKERS workers (three), a file's tests on one worker and in order (--dist
 # loadfile), each worker taking the next file in collection order when it ends one
 # (--no-loadscope-reorder; pytest-xdist's own order is by number of tests, which left a slow
 # file of few tests to run alone at the end). The slowest files go first, by their seconds in

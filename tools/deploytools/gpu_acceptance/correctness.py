@@ -159,23 +159,29 @@ def cmd_correctness(args: argparse.Namespace, dev: Device) -> int:
     record.update(started=utc(time.time()), argv=plan.argv, steps=steps)
     if dev.load().get("servers", {}).get(RUNNING):
         cmd_stop(argparse.Namespace(name=RUNNING), dev)
-    against = ["--baseline", str(reference)]
+    against = [*args.gate_arg, "--baseline", str(reference)]
+    # Each step: what it says, the plan it starts, the gate's arguments.
+    runs = {
+        "first": ("the plan as it is (the reference of the steps after it)", plan, args.gate_arg),
+        "again": ("the same plan started again (seeded dummy weights: the same outputs)", plan, against),
+        "no-spec": (
+            "without speculative decoding (greedy parity with and without NEXTN)",
+            without_speculation(plan),
+            against,
+        ),
+        "versus": (
+            f"{args.reference}'s golden outputs re-scored by this version",
+            plan,
+            [*args.gate_arg, "--baseline", str(args.reference)],
+        ),
+    }
     for name in steps:
+        words, step_plan, gate_args = runs[name]
+        say(f"correctness: {words}")
+        record[STEPS[name]] = step(dev, name, step_plan, gate_args, args.timeout)
         if name == "first":
-            say("correctness: the plan as it is (the reference of the steps after it)")
-            record["first"] = step(dev, "first", plan, args.gate_arg, args.timeout)
             write_json(reference, record["first"].get("report") or {})
-        elif name == "again":
-            say("correctness: the same plan started again (seeded dummy weights: the same outputs)")
-            record["again"] = step(dev, "again", plan, [*args.gate_arg, *against], args.timeout)
-        elif name == "no-spec":
-            say("correctness: without speculative decoding (greedy parity with and without NEXTN)")
-            plain = without_speculation(plan)
-            record["no_spec"] = step(dev, "no-spec", plain, [*args.gate_arg, *against], args.timeout)
-        else:
-            say(f"correctness: {args.reference}'s golden outputs re-scored by this version")
-            other = ["--baseline", str(args.reference)]
-            record["versus_reference"] = step(dev, "versus", plan, [*args.gate_arg, *other], args.timeout)
+        if name == "versus":
             record["reference"] = str(args.reference)
         record["ended"] = utc(time.time())
         write_json(out, record)

@@ -1,7 +1,8 @@
 """Ansible filter for the health gate's preflight: its variables checked by the gate's own rules.
 
-The rules are the gate's package ``llm_gate`` (roles/health_gate/module_utils/llm_gate, installed
-in the controller's venv by make setup, pyproject.toml): the same table the module and the CLI
+The rules are the gate's package ``llm_gate`` (module_utils of the repository's collection
+llm_deploy.inference, found by Ansible's collection loader, and installed in the controller's venv by
+make setup, pyproject.toml): the same table the module and the CLI
 check their options with, applied here on the controller, before anything changes on the host.
 """
 
@@ -10,7 +11,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from llm_gate import DEFAULTS, GateUsageError, load_probe_set, variable_problems
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate import (
+    DEFAULTS,
+    GateUsageError,
+    load_probe_set,
+    variable_problems,
+)
 
 
 def health_gate_problems(values: dict[str, Any], prefix: str = "") -> list[str]:

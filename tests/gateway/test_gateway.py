@@ -15,7 +15,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -24,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import smg_api
+from ansible_collections.llm_deploy.inference.plugins.module_utils import smg_api
 from role_files import import_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,9 +33,6 @@ SMG_PYTHON = CACHE / "venvs" / "smg" / "bin" / "python"
 TRANSFORMERS = CACHE / "venvs" / "transformers-cpu" / "bin" / "transformers"
 MODEL = CACHE / "models" / "tiny-qwen3.5"
 KEY = "test-control-plane-key-0123456789"
-
-
-sys.modules.setdefault("ansible.module_utils.smg_api", smg_api)
 
 
 smg_worker = import_file(ROLE / "library" / "smg_worker.py")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-import llm_gate
 import pytest
+from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 from fake_sglang_lm import FakeSGLangLM
 from gate_fakes import ROLE, base_options
 

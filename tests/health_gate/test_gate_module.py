@@ -36,7 +36,6 @@ def ansible_env() -> dict:
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
         ANSIBLE_DEPRECATION_WARNINGS="false",
         ANSIBLE_LIBRARY=str(ROLE / "library"),
-        ANSIBLE_MODULE_UTILS=str(ROLE / "module_utils"),
         ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
         ANSIBLE_STDOUT_CALLBACK="json",
         ANSIBLE_ROLES_PATH=str(REPO / "roles"),
@@ -72,8 +71,7 @@ def run_module(args: dict, check: bool = False) -> dict:
 
 
 def load_module():
-    """Import library/health_gate.py with llm_gate standing in for ansible.module_utils.llm_gate."""
-    sys.modules["ansible.module_utils.llm_gate"] = llm_gate
+    """Import library/health_gate.py (its llm_gate is the collection's, installed)."""
     spec = importlib.util.spec_from_file_location("health_gate_module", ROLE / "library" / "health_gate.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

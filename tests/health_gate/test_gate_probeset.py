@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-import llm_gate
 import pytest
+from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 from gate_fakes import REPO, ROLE
 from role_files import import_file
 
@@ -52,14 +52,14 @@ def test_a_conversation_turn_is_built_on_the_earlier_outputs():
     golden = {"max_tokens": 4, "items": [{"id": "talk", "turns": ["A:", " B:", " C:"]}]}
     items = llm_gate.golden_prompts(golden)
     assert [i["id"] for i in items] == ["talk/1", "talk/2", "talk/3"]
-    from llm_gate.probe import prompt_of
+    from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate.probe import prompt_of
 
     priors = [[], ["one"], ["one", "two"]]
     assert [prompt_of(items[n], priors[n]) for n in range(3)] == ["A:", "A:one B:", "A:one B:two C:"]
 
 
 def test_a_turn_is_asked_on_what_its_reference_was_asked_on():
-    from llm_gate.probe import prior_of
+    from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate.probe import prior_of
 
     turn3 = llm_gate.golden_prompts({"max_tokens": 4, "items": [{"id": "talk", "turns": ["A:", " B:", " C:"]}]})[2]
     own = {"talk/1": "mine1", "talk/2": "mine2"}

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gate_fakes import CLI, REPO, free_port
+from gate_fakes import CLI, HOST_PYTHON_ENV, REPO, free_port
 from rehearsal_engine import MODEL, start_server, stop_server, wait_health
 from test_gate_module import SYSTEM_PYTHON, ansible_env, tool
 
@@ -39,7 +39,9 @@ def rehearsal_server():
 
 
 def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([SYSTEM_PYTHON, str(CLI), *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [SYSTEM_PYTHON, str(CLI), *args], capture_output=True, text=True, timeout=timeout, env=HOST_PYTHON_ENV
+    )
 
 
 def test_cli_passes_against_the_real_server_with_usage_based_figures(rehearsal_server):
@@ -115,8 +117,8 @@ def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time
     rehearsal group's floor or more, its greedy outputs repeat exactly (consistency), and a second
     deploy of another unit gives the first one's golden outputs and score (group_vars/rehearsal.yml's
     thresholds, as a deploy judges it)."""
-    import llm_gate
     import yaml
+    from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 
     srv = rehearsal_server
     group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
@@ -269,6 +271,7 @@ def test_a_real_server_killed_while_loading_fails_the_gate_within_seconds(tmp_pa
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=HOST_PYTHON_ENV,
         )
         time.sleep(2.0)  # transformers serve needs about 6 s to load: it is still loading
         assert server.poll() is None

@@ -1,4 +1,4 @@
-"""Engine-level tests of roles/model_sync/module_utils/model_sync_lib (no Ansible, no network).
+"""Engine-level tests of model_sync_lib, module_utils of the collection llm_deploy.inference (no Ansible, no network).
 
 Manifest logic, the size+mtime sha256 cache, parallel hashing, atomic staging and
 switching, pruning, and interruption/resume of a local copy.
@@ -18,14 +18,24 @@ from pathlib import Path
 
 import durability
 import pytest
-from model_sync_lib import checks, compact_json, diff, fetch_hub, fs, hashing, install
-from model_sync_lib.common import TMP_PREFIX, SyncError
-from model_sync_lib.engine import Engine
-from model_sync_lib.state import State
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib import (
+    checks,
+    compact_json,
+    diff,
+    fetch_hub,
+    fs,
+    hashing,
+    install,
+)
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.common import TMP_PREFIX, SyncError
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.engine import Engine
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.state import State
+from role_files import launcher_as_on_a_host
 
 ROOT = Path(__file__).resolve().parents[2]
-LIB_DIR = ROOT / "roles/model_sync/module_utils"
-LAUNCHER = LIB_DIR / "model-sync"
+# The package's source folder, and role model_sync's launcher laid out as on a host.
+PACKAGE = Path(install.__file__).parent
+LAUNCHER = launcher_as_on_a_host(ROOT / "roles/model_sync/files/model-sync")
 
 
 def write_shard(path: Path, name: str, nbytes: int, seed: int) -> None:
@@ -414,7 +424,7 @@ def test_killed_copy_leaves_current_and_resumes(tmp_path):
     # Kill the engine from inside the copy of the second shard (after some bytes are written).
     script = f"""
 import os, sys, signal
-from model_sync_lib import cli, fs, hashing
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib import cli, fs, hashing
 real = hashing.Counter.add
 def add(self, key, n):
     real(self, key, n)
@@ -503,32 +513,36 @@ def test_engine_files_of_the_role_are_the_package_modules():
 
     listed = yaml.safe_load((ROOT / "roles/model_sync/vars/main.yml").read_text())["_model_sync_engine_files"]
     assert sorted(listed) == sorted(install.package_sources())
-    assert sorted(listed) == sorted(p.name for p in (LIB_DIR / "model_sync_lib").glob("*.py"))
+    assert sorted(listed) == sorted(p.name for p in PACKAGE.glob("*.py"))
 
 
 def test_install_writes_the_package_once_and_removes_the_single_file_engine(tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "model_sync.py").write_text("# the engine of earlier versions\n")
+    (lib / "model_sync_lib").mkdir()  # the package of earlier versions, under a name of its own
+    (lib / "model_sync_lib" / "cli.py").write_text("# an earlier version\n")
     owner = {"owner": str(os.getuid()), "group": str(os.getgid()), "reserve_mib": 0}
     first = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), **owner))
-    assert first["changed"] and first["removed"] == [str(lib / "model_sync.py")]
-    for path in (LIB_DIR / "model_sync_lib").glob("*.py"):
-        assert (lib / "model_sync_lib" / path.name).read_bytes() == path.read_bytes()
-        assert (lib / "model_sync_lib" / path.name).stat().st_mode & 0o777 == 0o644
+    assert first["changed"] and first["removed"] == [str(lib / "model_sync.py"), str(lib / "model_sync_lib")]
+    assert not (lib / "model_sync_lib").exists()
+    installed = lib / install.PACKAGE_DIR
+    for path in PACKAGE.glob("*.py"):
+        assert (installed / path.name).read_bytes() == path.read_bytes()
+        assert (installed / path.name).stat().st_mode & 0o777 == 0o644
     again = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), **owner))
     assert again == {"changed": False, "installed": [], "removed": []}
-    (lib / "model_sync_lib" / "cli.py").chmod(0o600)
+    (installed / "cli.py").chmod(0o600)
     checked = install.install_engine(Engine(str(lib), state_dir=str(tmp_path / "state"), check=True, **owner))
-    assert checked["changed"] and (lib / "model_sync_lib" / "cli.py").stat().st_mode & 0o777 == 0o600
+    assert checked["changed"] and (installed / "cli.py").stat().st_mode & 0o777 == 0o600
     # The launcher as on a host: copied beside the installed package and run through the
     # command's link (tasks/install.yml), so it imports the package from its own directory.
     shutil.copy2(LAUNCHER, lib / "model-sync")
     (tmp_path / "sbin").mkdir()
     (tmp_path / "sbin" / "model-sync").symlink_to(lib / "model-sync")
-    (lib / "model_sync_lib" / "cli.py").write_text("def main():\n    print('the installed package')\n")
+    (installed / "cli.py").write_text("def main():\n    print('the installed package')\n")
     out = subprocess.run(
-        [sys.executable, "-SE", str(tmp_path / "sbin" / "model-sync"), "listing", str(LIB_DIR)],
+        [sys.executable, "-SE", str(tmp_path / "sbin" / "model-sync"), "listing", str(PACKAGE)],
         capture_output=True,
         text=True,
         check=True,
@@ -539,7 +553,7 @@ def test_install_writes_the_package_once_and_removes_the_single_file_engine(tmp_
 
 def test_hub_helper_runs_as_its_source_and_does_nothing_on_import():
     """fetch_hub passes the helper file's source to python -c; importing it runs nothing."""
-    assert fetch_hub.helper_source() == (LIB_DIR / "model_sync_lib/hub_helper.py").read_text()
+    assert fetch_hub.helper_source() == (PACKAGE / "hub_helper.py").read_text()
     proc = subprocess.run(
         [sys.executable, "-IS", "-c", fetch_hub.helper_source(), "info", "a/b", "main", "/x", "1"],
         capture_output=True,

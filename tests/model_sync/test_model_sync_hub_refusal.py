@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from model_sync_lib.fetch_hub import hub_failure
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.fetch_hub import hub_failure
 
 REPO, REV, INCOMING = "Qwen/Qwen3.6-27B", "a" * 40, "/srv/models/q/.incoming"
 

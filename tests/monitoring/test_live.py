@@ -24,8 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import smg_api
 import yaml
+from ansible_collections.llm_deploy.inference.plugins.module_utils import smg_api
 from monitoring_support import CACHE, REPO, RULES
 from role_files import import_file
 

@@ -1,4 +1,4 @@
-"""llm-host inspect, record, restore, switch, alive (roles/llm_host/module_utils/llm_host_lib/adopt.py, through
+"""llm-host inspect, record, restore, switch, alive (llm_host_lib/adopt.py, through
 its launcher as on a host) against a real server
 started by hand (python3 -m http.server from a venv-shaped directory, with a secret in its environment)."""
 
@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from role_files import launcher_as_on_a_host
 
-LAUNCHER = Path(__file__).resolve().parents[2] / "roles" / "llm_host" / "module_utils" / "llm-host"
+LAUNCHER = launcher_as_on_a_host(Path(__file__).resolve().parents[2] / "roles" / "llm_host" / "files" / "llm-host")
 
 
 def run(*args: str) -> dict:

@@ -14,14 +14,13 @@ import durability
 import pytest
 import test_role_boundaries as boundaries
 import yaml
-from role_files import as_module_utils, import_file, run_module_file
+from role_files import import_file, run_module_file
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/converged"
 BIN = Path(sys.executable).parent
 SECRET = "not-a-real-secret-0f6c2a9e"  # a value that must never be printed
 
-as_module_utils("llm_host_lib.durable")
 cs = import_file(ROLE / "library" / "converged_state.py")
 IMPORTS = ("import_role", "ansible.builtin.import_role")
 # The roles whose inputs a deploy fingerprints (converged_roles).
@@ -221,7 +220,7 @@ def run_module(params: dict, check_mode: bool = False) -> dict:
     """Run the module as Ansible does (arguments in a file) and return its JSON result."""
     args = Path(params["path"]).parent.parent / "args.json"
     args.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": {**params, "_ansible_check_mode": check_mode}}))
-    proc = run_module_file(ROLE / "library/converged_state.py", args, "llm_host_lib.durable")
+    proc = run_module_file(ROLE / "library/converged_state.py", args)
     return json.loads(proc.stdout)
 
 

@@ -20,7 +20,7 @@ from types import ModuleType
 
 import durability
 import pytest
-from role_files import REPO, as_module_utils, import_file, run_role_tasks
+from role_files import REPO, import_file, run_role_tasks
 
 ROLE = REPO / "roles" / "inference_server"
 BIN = Path(sys.executable).parent
@@ -33,7 +33,6 @@ LOCALHOST_PLAYBOOK = [
 
 def load() -> ModuleType:
     """library/last_known_good.py as a Python module."""
-    as_module_utils("llm_host_lib.durable")
     return import_file(ROLE / "library" / "last_known_good.py")
 
 
@@ -151,8 +150,6 @@ def run_module(tmp_path: Path, *extra: str) -> dict:
         os.environ,
         ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
         ANSIBLE_LIBRARY=str(ROLE / "library"),
-        # What the role gets from its dependency llm_host (the package's durable writes).
-        ANSIBLE_MODULE_UTILS=str(REPO / "roles" / "llm_host" / "module_utils"),
     )
     run = subprocess.run(
         [*LOCALHOST_PLAYBOOK, *extra, str(tmp_path / "play.yml")],

@@ -19,13 +19,14 @@ from pathlib import Path
 import durability
 import pytest
 import yaml
-from llm_host_lib import guard, install
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import guard, install
+from role_files import launcher_as_on_a_host
 
 FILES = Path(__file__).resolve().parents[2] / "roles" / "inference_server" / "files"
 # The guard is a subcommand of the roles' one host helper (role llm_host's package, through its
 # launcher, run as on a host: -SE), installed as .../port-guard beside the modules it needs.
-LAUNCHER = FILES.parents[1] / "llm_host" / "module_utils" / "llm-host"
-GUARD = ["-SE", str(LAUNCHER), "guard"]
+LAUNCHER = FILES.parents[1] / "llm_host" / "files" / "llm-host"
+GUARD = ["-SE", str(launcher_as_on_a_host(LAUNCHER)), "guard"]
 INFERENCE_SERVER_VARS = FILES.parent / "vars" / "main.yml"
 LISTEN = """import socket, sys, time
 s = socket.socket(socket.AF_INET6 if sys.argv[2] == "6" else socket.AF_INET)
@@ -145,11 +146,12 @@ def test_installed_as_port_guard_it_is_the_guard(tmp_path):
 def test_install_writes_the_guards_modules_when_they_differ(tmp_path):
     """The module's ``install``: the package's files as loaded, 0644 in a 0755 folder, written when they differ."""
     files = ["__init__.py", "cli.py", "guard.py", "proc.py"]
-    lib = tmp_path / "llm_host_lib"
+    lib = tmp_path / install.PACKAGE_DIR
     assert install.install(str(tmp_path), files, check=True) == {
         "changed": True,
         "directory": str(lib),
         "installed": [str(lib / name) for name in files],
+        "removed": [],
     }
     assert not lib.exists()
     assert install.install(str(tmp_path), files)["changed"] is True
@@ -157,8 +159,11 @@ def test_install_writes_the_guards_modules_when_they_differ(tmp_path):
     for name in files:
         assert (lib / name).read_bytes() == (package / name).read_bytes()
         assert (lib / name).stat().st_mode & 0o7777 == 0o644
-    assert lib.stat().st_mode & 0o7777 == 0o755
-    assert install.install(str(tmp_path), files) == {"changed": False, "directory": str(lib), "installed": []}
+    # Every folder down to the package's: the launcher in tmp_path imports it by its name as a path.
+    folders = [tmp_path.joinpath(*install.PACKAGE_DIR.split(os.sep)[:depth]) for depth in range(1, 7)]
+    assert folders[-1] == lib and [folder.stat().st_mode & 0o7777 for folder in folders] == [0o755] * 6
+    unchanged = {"changed": False, "directory": str(lib), "installed": [], "removed": []}
+    assert install.install(str(tmp_path), files) == unchanged
     (lib / "guard.py").write_text("# changed by hand\n")
     (lib / "proc.py").chmod(0o600)
     assert install.install(str(tmp_path), files, check=True)["installed"] == [str(lib / "guard.py")]
@@ -214,11 +219,22 @@ def test_a_stopped_unit_has_nothing_pending(tmp_path):
     assert started_before(tmp_path, ago=30, pid=0, files=[unit]) == {"active": False, "started": None, "newer": []}
 
 
+def test_install_removes_an_earlier_versions_copy_but_not_in_check_mode(tmp_path):
+    """Earlier versions put the package at ``DIR/llm_host_lib``, a name nothing imports any more."""
+    old = tmp_path / "llm_host_lib"
+    old.mkdir()
+    (old / "guard.py").write_text("# an earlier version\n")
+    checked = install.install(str(tmp_path), ["__init__.py", "guard.py"], check=True)
+    assert checked["changed"] and checked["removed"] == [str(old)] and (old / "guard.py").exists()
+    assert install.install(str(tmp_path), ["__init__.py", "guard.py"])["removed"] == [str(old)]
+    assert not old.exists() and (tmp_path / install.PACKAGE_DIR / "guard.py").exists()
+
+
 @pytest.mark.parametrize("drop", ["", "file", "directory"], ids=["as-written", "no-file-fsync", "no-directory-fsync"])
 def test_the_guards_modules_survive_a_power_cut_once_installed(tmp_path, monkeypatch, drop):
     """ExecStartPre=+ runs them as root at the next boot: each is on disk whole when install returns."""
     with durability.recorded(monkeypatch, drop=drop) as events:
         install.install(str(tmp_path), ["__init__.py", "guard.py"])
     lost = [problem for name in ("__init__.py", "guard.py") for problem in
-            durability.lost_on_power_cut(events, str(tmp_path / "llm_host_lib" / name))]  # fmt: skip
+            durability.lost_on_power_cut(events, str(tmp_path / install.PACKAGE_DIR / name))]  # fmt: skip
     assert bool(lost) == bool(drop), lost

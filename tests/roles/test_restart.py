@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_host_lib import restart
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import restart
 from role_files import run_role_tasks, task_results
 
 # `show` prints the current state; restart/start queue the states the unit then goes through (one per

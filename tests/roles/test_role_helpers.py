@@ -10,14 +10,14 @@ import venv
 from pathlib import Path
 
 import pytest
-from llm_host_lib import facts as host_facts
-from llm_host_lib.proc import group_of, user_of
-from role_files import import_file
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import facts as host_facts
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.proc import group_of, user_of
+from role_files import import_file, launcher_as_on_a_host
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_STATE = REPO / "roles/ml_env/files/venv_state.py"
 # llm-host facts: what preflight reads from the host (role llm_host's launcher, run as on a host).
-HOST_TOOL = REPO / "roles/llm_host/module_utils/llm-host"
+HOST_TOOL = launcher_as_on_a_host(REPO / "roles/llm_host/files/llm-host")
 CHECK_SPECS = REPO / "tools/check-argument-specs"
 
 

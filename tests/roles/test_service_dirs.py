@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from llm_host_lib import service_dirs as service_dirs_lib
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import service_dirs as service_dirs_lib
 from role_files import run_role_tasks, task_results
 
 SERVICE = ("nobody", "nogroup")

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from llm_host_lib import install
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import install
 from role_files import import_file
 from test_drain import directives, render_unit, template_run
 

@@ -17,12 +17,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import llm_gate  # noqa: F401 - the gate's package (installed from the role by make setup)
+# The gate's package (the repository collection's, installed by make setup).
+from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "health_gate"
 
 CLI = REPO / "tools" / "health-gate"
+# The environment of tools/health-gate under a host's python3, which has no venv: the collection that
+# holds the gate's package on PYTHONPATH, as on a GPU host (docs/gpu.md).
+HOST_PYTHON_ENV = {**os.environ, "PYTHONPATH": str(REPO / "collections")}
 CONTROLLER_BIN = Path(os.environ.get("CONTROLLER_VENV_BIN", str(Path(sys.executable).parent)))
 
 

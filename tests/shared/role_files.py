@@ -7,18 +7,24 @@ them from where they are, without putting their folder on ``sys.path``.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+# The repository's collection llm_deploy.inference, whose module_utils the launchers import by name.
+COLLECTIONS = REPO / "collections"
 
 
 def import_file(path: Path, name: str = "") -> ModuleType:
@@ -95,25 +101,20 @@ def task_results(run: subprocess.CompletedProcess) -> list[tuple[str, dict[str, 
     return [(task["task"]["name"], task["hosts"].get("localhost", {})) for task in out["plays"][0]["tasks"]]
 
 
-def as_module_utils(*modules: str) -> None:
-    """Let ``ansible.module_utils.<module>`` import each of ``modules`` as installed, as AnsiballZ ships them.
-
-    A role's module imports the host-side packages (``llm_host_lib``, ...) under Ansible's name;
-    the tests import the same packages from the editable install (pyproject.toml).
-    """
-    for name in modules:
-        importlib.import_module(name)
-        package = name.split(".")[0]
-        for loaded in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-            sys.modules.setdefault(f"ansible.module_utils.{loaded}", sys.modules[loaded])
+def run_module_file(path: Path, args_file: Path) -> subprocess.CompletedProcess[str]:
+    """Run a role's module file as Ansible does (``python MODULE ARGS_FILE``), by this test's Python: the
+    module's ``ansible_collections.llm_deploy...`` imports find the collection installed (pyproject.toml)."""
+    return subprocess.run([sys.executable, str(path), str(args_file)], capture_output=True, text=True, check=False)
 
 
-def run_module_file(path: Path, args_file: Path, *modules: str) -> subprocess.CompletedProcess[str]:
-    """Run a role's module file as Ansible does (``python MODULE ARGS_FILE``), with :func:`as_module_utils`."""
-    runner = (
-        "import runpy, sys; from role_files import as_module_utils; as_module_utils(*sys.argv[3:]); "
-        "sys.argv = sys.argv[1:3]; runpy.run_path(sys.argv[0], run_name='__main__')"
-    )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    argv = [sys.executable, "-c", runner, str(path), str(args_file), *modules]
-    return subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
+@functools.cache
+def launcher_as_on_a_host(launcher: Path) -> Path:
+    """A role's launcher (``files/llm-host``, ``files/model-sync``) laid out as a host has it, to run with
+    ``-SE``: a copy in a folder of its own beside ``ansible_collections``, here a link to the repository's
+    collection tree, from which it imports its package by the package's one name. Removed at exit."""
+    folder = Path(tempfile.mkdtemp(prefix="launcher-"))
+    atexit.register(shutil.rmtree, folder, True)
+    (folder / "ansible_collections").symlink_to(COLLECTIONS / "ansible_collections")
+    copy = folder / launcher.name
+    shutil.copy2(launcher, copy)
+    return copy

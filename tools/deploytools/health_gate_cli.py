@@ -29,44 +29,26 @@ The API key is read from ``$HEALTH_GATE_API_KEY`` or ``--api-key-file``, SGLang'
 ``/flush_cache``) from ``$HEALTH_GATE_ADMIN_API_KEY`` or ``--admin-api-key-file`` (never from the
 command line, where ``ps`` would show them). Standard library only (Python 3.8 and later): to
 run it on any host, copy ``tools/health-gate`` with ``deploytools/`` (its ``__init__.py`` and
-this module) and the package ``roles/health_gate/module_utils/llm_gate/`` beside it.
+this module) and ``collections/ansible_collections/`` beside it (the gate's package keeps its
+import name), or run it from a checkout with ``PYTHONPATH=collections``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NoReturn
+
+# The gate's package, by the one name it has everywhere (docs/architecture.md): installed in the
+# controller's venv (pyproject.toml); in a bundle, ``ansible_collections/`` beside tools/health-gate;
+# from a checkout under a python3 without the venv, PYTHONPATH=collections.
+from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 
 TOOLS = Path(__file__).resolve().parents[1]
 ROOT = TOOLS.parent
-
-
-def _gate_package() -> ModuleType:
-    """The gate's package, ``llm_gate``: as installed (the controller's venv maps it from the
-    role, pyproject.toml), or copied beside the executable (a bundle: ``tools/llm_gate``, found as
-    a neighbour of the script), else loaded from the checkout's role under a python3 that has
-    no venv (a GPU host's)."""
-    try:
-        return importlib.import_module("llm_gate")
-    except ModuleNotFoundError:
-        init = ROOT / "roles" / "health_gate" / "module_utils" / "llm_gate" / "__init__.py"
-        spec = importlib.util.spec_from_file_location("llm_gate", init, submodule_search_locations=[str(init.parent)])
-        if spec is None or spec.loader is None:
-            raise
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["llm_gate"] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-llm_gate = _gate_package()
 
 DEFAULT_PROMPTS = ROOT / "roles" / "health_gate" / "files" / "prompts.json"
 PROBES = ROOT / "roles" / "health_gate" / "files" / "probes"

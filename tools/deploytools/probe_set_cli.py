@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from llm_gate.errors import GateUsageError
-from llm_gate.probeset import eval_items, load_probe_set
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate.errors import GateUsageError
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate.probeset import eval_items, load_probe_set
 
 
 def training_items(spec: dict[str, Any], count: int) -> list[dict[str, Any]]:

@@ -7,9 +7,15 @@ import pytest
 import yaml
 from conftest import REPO, UNIT, record
 
-# The files of llm_host_lib that the port guard imports, as the role installs them.
+# The files of llm_host_lib that the port guard imports, as the role installs them: beside the guard,
+# under the package's import name as a path (the launcher imports it by that name), each folder root's.
 GUARD_FILES = yaml.safe_load((REPO / "roles/inference_server/vars/main.yml").read_text())[
     "_inference_server_helper_lib_files"
+]
+GUARD_FOLDERS = [
+    f"/usr/local/lib/{UNIT}/"
+    + "/".join("ansible_collections/llm_deploy/inference/plugins/module_utils/llm_host_lib".split("/")[:depth])
+    for depth in range(1, 7)
 ]
 # path -> (type, user, group, mode)
 EXPECTED = {
@@ -29,8 +35,8 @@ EXPECTED = {
     f"/var/cache/{UNIT}": ("directory", "inference", "inference", 0o750),
     f"/usr/local/lib/{UNIT}/port-guard": ("file", "root", "root", 0o755),
     # The port guard's package: run as root (ExecStartPre=+), so nobody else may write it.
-    f"/usr/local/lib/{UNIT}/llm_host_lib": ("directory", "root", "root", 0o755),
-    **{f"/usr/local/lib/{UNIT}/llm_host_lib/{name}": ("file", "root", "root", 0o644) for name in GUARD_FILES},
+    **{folder: ("directory", "root", "root", 0o755) for folder in GUARD_FOLDERS},
+    **{f"{GUARD_FOLDERS[-1]}/{name}": ("file", "root", "root", 0o644) for name in GUARD_FILES},
 }
 
 

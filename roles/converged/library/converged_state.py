@@ -164,7 +164,7 @@ import stat
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llm_host_lib import durable
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import durable
 
 RECORD_VERSION = 2
 # What a role's entry of the ``roles`` option names on the host.

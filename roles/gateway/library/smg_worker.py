@@ -100,7 +100,7 @@ waited_s:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.smg_api import (  # noqa: E402
+from ansible_collections.llm_deploy.inference.plugins.module_utils.smg_api import (  # noqa: E402
     Gateway,
     GatewayError,
     matches,

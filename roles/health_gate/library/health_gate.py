@@ -425,7 +425,7 @@ msg:
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.llm_gate import (  # noqa: E402
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate import (  # noqa: E402
     CORRECTNESS_MODES,
     DEFAULTS,
     ENGINES,

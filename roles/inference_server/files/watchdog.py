@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 # The restart sequence a deploy runs, installed beside this program (/usr/local/lib/<unit>/llm_host_lib).
-from llm_host_lib.restart import restart, unit_state
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.restart import restart, unit_state
 
 # Counters and gauges in the state file, with their HELP text; every one is rendered.
 METRICS = {

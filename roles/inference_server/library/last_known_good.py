@@ -79,7 +79,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.llm_host_lib import durable  # noqa: E402
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import durable  # noqa: E402
 
 STATE_NAME = "state.json"
 

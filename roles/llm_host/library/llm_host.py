@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """llm_host: the deploy's host helper as an Ansible module (host facts, a server started by hand).
 
-The code is the package ``module_utils/llm_host_lib`` of this role (AnsiballZ ships it, and its
-docstrings document each subcommand); this file holds the module's documentation, its argument
-spec and the dispatch of its commands. The same package is the ``llm-host`` command line and
-the unit's port guard (the launcher ``module_utils/llm-host``).
+The code is the package ``llm_host_lib``, module_utils of the repository's collection
+llm_deploy.inference (AnsiballZ ships it, and its docstrings document each subcommand); this file
+holds the module's documentation, its argument spec and the dispatch of its commands. The same
+package is the ``llm-host`` command line and the unit's port guard (this role's launcher
+``files/llm-host``).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ DOCUMENTATION = r"""
 module: llm_host
 short_description: Read the host; find, keep, stop or restore a server run by hand; restart ours; make its directories
 description:
-  - Runs one subcommand of the deploy's host helper (the package C(module_utils/llm_host_lib) of
-    role llm_host) and returns its JSON object as C(host).
+  - Runs one subcommand of the deploy's host helper (the package C(llm_host_lib), module_utils of
+    the repository's collection llm_deploy.inference) and returns its JSON object as C(host).
   - Standard library only, run by the host's python3. The same package is the command line
     C(llm-host SUBCOMMAND ...) and the unit's port guard (C(port-guard PORT UNIT [GRACE_S])), both
-    through the launcher C(module_utils/llm-host).
+    through role llm_host's launcher C(files/llm-host).
 options:
   command:
     description:
@@ -36,8 +37,10 @@ options:
         server drained and the new one started; it fails with one sentence when the new start
         does not come within STOP_TIMEOUT_S + 30 s (C(llm_host_lib/restart.py) documents it).
       - C(install) (role inference_server), with I(args) C(DIR FILE...), puts the named files of
-        the package (C(__init__.py), C(guard.py), ...) into C(DIR/llm_host_lib/) for the port
-        guard, whose launcher goes beside them, and for the watchdog (C(llm_host_lib/install.py)
+        the package (C(__init__.py), C(guard.py), ...) into
+        C(DIR/ansible_collections/llm_deploy/inference/plugins/module_utils/llm_host_lib/) (its
+        import name as a path; an earlier version's C(DIR/llm_host_lib/) is removed) for the port
+        guard, whose launcher goes in C(DIR), and for the watchdog (C(llm_host_lib/install.py)
         documents how).
       - C(service-dirs) (role inference_server), with I(args) C(USER GROUP VAR=PATH...), makes each
         C(PATH) a directory of C(USER:GROUP), mode 0750, following no symbolic link inside a
@@ -101,11 +104,11 @@ host:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llm_host_lib.adopt import adopt
-from ansible.module_utils.llm_host_lib.facts import facts
-from ansible.module_utils.llm_host_lib.install import install
-from ansible.module_utils.llm_host_lib.restart import parse, restart
-from ansible.module_utils.llm_host_lib.service_dirs import service_dirs
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.adopt import adopt
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.facts import facts
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.install import install
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.restart import parse, restart
+from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib.service_dirs import service_dirs
 
 # The subcommands that change the host (skipped in check mode).
 CHANGING = ("record", "restore", "switch", "restart")

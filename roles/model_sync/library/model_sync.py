@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """model_sync: put a model on a host atomically, resumably, verified (the Ansible module).
 
-The engine is the package ``module_utils/model_sync_lib`` of this role (AnsiballZ ships it);
+The engine is the package ``model_sync_lib``, module_utils of the repository's collection
+llm_deploy.inference (AnsiballZ ships it);
 this file holds the module's documentation, its argument spec and the dispatch of its
-actions. The same engine is the ``model-sync`` command (the launcher ``module_utils/model-sync``).
+actions. The same engine is the ``model-sync`` command (the role's launcher ``files/model-sync``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ description:
     sha256 against the source's manifest or a size+mtime cache), assembles
     C(dest/revisions/<rev>) from hard links, switches C(dest/current) atomically and
     prunes old revisions.
-  - The engine (C(module_utils/model_sync_lib)) is also a command line program (C(model-sync --help)).
+  - The engine (C(model_sync_lib), module_utils of the collection llm_deploy.inference) is also a
+    command line program (C(model-sync --help)).
   - Check mode reports what would be transferred, linked, switched and pruned.
 version_added: "1.0.0"
 options:
@@ -184,10 +186,10 @@ removed:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.model_sync_lib.common import SyncError
-from ansible.module_utils.model_sync_lib.diff import diff_text
-from ansible.module_utils.model_sync_lib.engine import ACTIONS, Engine
-from ansible.module_utils.model_sync_lib.install import install_engine
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.common import SyncError
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.diff import diff_text
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.engine import ACTIONS, Engine
+from ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib.install import install_engine
 
 
 def run_module() -> None:

@@ -14,6 +14,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools"
 GATE_CLI = TOOLS / "health-gate"
+# The repository's collection: tools/health-gate imports the gate's package from it by its one
+# name (docs/architecture.md); the GPU host's python3 has no venv, so it goes on PYTHONPATH.
+COLLECTIONS = REPO / "collections"
 
 
 # --------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 
 from .common import (
     BUILTIN_PROMPTS,
+    COLLECTIONS,
     EXPECTED_REFUSAL,
     GATE_CLI,
     ORIGINAL_FLAGS,
@@ -182,7 +183,8 @@ def cmd_gate(args: argparse.Namespace, dev: Device) -> int:
             *args.gate_args,
         ]
         say(f"gate: {shlex.join(argv[1:])}")
-        done = subprocess.run(argv, capture_output=True, text=True, env=base_env(), timeout=args.timeout)
+        gate_env = {**base_env(), "PYTHONPATH": str(COLLECTIONS)}
+        done = subprocess.run(argv, capture_output=True, text=True, env=gate_env, timeout=args.timeout)
         (dev.logs / f"gate-{args.name}.out").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
         report = last_json_object(done.stdout)
         result = {
@@ -216,7 +218,7 @@ def cmd_gate(args: argparse.Namespace, dev: Device) -> int:
 
 def gate_figures(report: Any) -> dict[str, Any]:
     """The figures the acceptance compares, read from the gate's report (schema 1 of
-    roles/health_gate/module_utils/llm_gate/) or, for the built-in fallback, found by name.
+    the gate's package llm_gate) or, for the built-in fallback, found by name.
 
     tps: mean of the per-request decode tok/s; prompt_tokens: mean prompt length per
     request (the aggregate holds totals); output_len: the gate's fixed max_tokens.

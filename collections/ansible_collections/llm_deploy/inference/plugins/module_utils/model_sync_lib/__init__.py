@@ -1,11 +1,12 @@
 """model_sync_lib: put a model on a host atomically, resumably, verified.
 
-The engine behind the ``model_sync`` module (``library/model_sync.py``, which ships this
-package through AnsiballZ as ``ansible.module_utils.model_sync_lib``) and the ``model-sync``
-command (the launcher ``model-sync`` beside this package, in the role's ``module_utils/`` and
-in ``/usr/local/lib/model-sync`` on hosts, imports it as ``model_sync_lib``). Modules import
-each other relatively, so both names work, and only the Python standard library is used, so
-the host's ``python3`` runs it.
+The engine behind the ``model_sync`` module (``library/model_sync.py`` of role model_sync,
+which ships this package through AnsiballZ) and the ``model-sync`` command (the role's launcher
+``files/model-sync``, in ``/usr/local/lib/model-sync`` on hosts beside this package's copy).
+Both import it by its one name, module_utils of the repository's collection:
+``ansible_collections.llm_deploy.inference.plugins.module_utils.model_sync_lib``. Modules
+import each other relatively, and only the Python standard library is used, so the host's
+``python3`` runs it.
 
 Layout it maintains (``dest`` is ``<model_sync_root>/<model_sync_name>``)::
 

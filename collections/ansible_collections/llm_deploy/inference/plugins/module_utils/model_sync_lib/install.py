@@ -3,7 +3,9 @@
 One module run installs every file, so the role pays one round trip (a ``copy`` task per
 file would pay one each). The files come from the package as this process loaded it (from
 AnsiballZ's zip under the module, or from a directory), so the command runs exactly the
-engine the module runs. A file is rewritten only when its content differs.
+engine the module runs. The package goes below the destination at its import name as a path
+(``ansible_collections/llm_deploy/inference/plugins/module_utils/model_sync_lib``), where the
+launcher beside it imports it by that one name. A file is rewritten only when its content differs.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing pulls in re 
 if TYPE_CHECKING:
     from .base import EngineBase
 
-PACKAGE_DIR = "model_sync_lib"
-STALE = ("model_sync.py",)  # the single-file engine of earlier versions, beside the package
+# Where the copy goes below the destination: the import name as a path, so that it keeps its name.
+PACKAGE_DIR = os.path.join(*__package__.split("."))
+# Beside the package, what earlier versions installed: the single-file engine, then the package
+# under a name of its own.
+STALE = ("model_sync.py", "model_sync_lib")
 
 
 def package_sources() -> dict[str, bytes]:
@@ -37,13 +42,16 @@ def package_sources() -> dict[str, bytes]:
 
 
 def install_engine(eng: EngineBase) -> dict:
-    """Make ``<eng.dest>/model_sync_lib`` hold this package (owner, group and modes of ``eng``).
+    """Make ``<eng.dest>/PACKAGE_DIR`` hold this package (owner, group and modes of ``eng``).
 
     Returns ``changed`` and the files written (``installed``) or removed (``removed``).
     """
     target = os.path.join(eng.dest, PACKAGE_DIR)
     changed = False
-    for path in (eng.dest, target):
+    folders = [eng.dest]
+    for part in PACKAGE_DIR.split(os.sep):
+        folders.append(os.path.join(folders[-1], part))
+    for path in folders:
         if os.path.isdir(path):
             changed |= eng.fix_attrs(path, os.stat(path), is_dir=True)
         else:
@@ -67,6 +75,12 @@ def install_engine(eng: EngineBase) -> dict:
         path = os.path.join(eng.dest, name)
         if os.path.lexists(path):
             removed.append(path)
-            if not eng.check:
+            if eng.check:
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                import shutil  # here, not above: shutil pulls in re (start-up time)
+
+                shutil.rmtree(path)
+            else:
                 os.unlink(path)
     return {"changed": changed or bool(written or removed), "installed": written, "removed": removed}

@@ -1,7 +1,7 @@
 """``port-guard PORT UNIT [GRACE_S]``: the unit's port guard (role inference_server).
 
-inference_server installs the launcher ``module_utils/llm-host`` as
-``/usr/local/lib/<unit>/port-guard`` and, beside it in ``llm_host_lib/``, the modules of this
+inference_server installs role llm_host's launcher ``files/llm-host`` as
+``/usr/local/lib/<unit>/port-guard`` and, beside it at this package's import name, the modules of this
 package the guard needs (written by the module's ``install``); the unit runs it as
 ``ExecStartPre=+`` (as root, the ``+`` prefix), and by that name the launcher runs this guard
 (``llm-host guard PORT UNIT [GRACE_S]`` is the same). Who listens on TCP PORT (IPv4 or IPv6)?

@@ -2,9 +2,9 @@
 """Health-and-throughput gate for OpenAI-compatible LLM servers (SGLang, transformers serve).
 
 One implementation, two front ends: the Ansible module ``health_gate``
-(``roles/health_gate/library/health_gate.py``, which imports this package as
-``ansible.module_utils.llm_gate``; AnsiballZ ships the package) and the command line
-``tools/health-gate``.
+(``roles/health_gate/library/health_gate.py``; AnsiballZ ships the package) and the command
+line ``tools/health-gate``, both importing it by its one name, module_utils of the repository's
+collection: ``ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate``.
 It runs on the target host with the host's system ``python3``: standard library only,
 Python 3.8 or newer.
 

@@ -1,6 +1,6 @@
 """The command line: ``llm-host SUBCOMMAND ...``, and ``port-guard PORT UNIT [GRACE_S]``.
 
-The launcher ``module_utils/llm-host`` runs :func:`main` (the tests, molecule's adopt scenario,
+Role llm_host's launcher ``files/llm-host`` runs :func:`main` (the tests, molecule's adopt scenario,
 by hand), and so does the unit's port guard, the same launcher installed as ``port-guard``: by
 that name it runs the guard alone. Each subcommand is documented in the module that implements
 it; ``facts`` and adopt's print the JSON object the module returns as ``host``:

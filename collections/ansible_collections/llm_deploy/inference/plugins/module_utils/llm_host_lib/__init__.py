@@ -4,14 +4,18 @@ Who listens on a TCP port and who that process is, read from ``/proc`` (no ss or
 what follows from it. One package, three uses:
 
 * the Ansible module ``llm_host`` (``library/llm_host.py`` of role llm_host, a dependency of
-  preflight, adopt and inference_server), which AnsiballZ ships with this package as
-  ``ansible.module_utils.llm_host_lib``: each subcommand below is its ``command``, the rest of
-  the command line its ``args``, the JSON object the subcommand prints its ``host`` result;
-* the command line ``llm-host SUBCOMMAND ...``: the launcher ``module_utils/llm-host`` beside
-  this package imports it as ``llm_host_lib`` (the tests, molecule's adopt scenario, by hand);
+  preflight, adopt and inference_server), which AnsiballZ ships with this package: each
+  subcommand below is its ``command``, the rest of the command line its ``args``, the JSON object
+  the subcommand prints its ``host`` result;
+* the command line ``llm-host SUBCOMMAND ...``: role llm_host's launcher ``files/llm-host``
+  (the tests, molecule's adopt scenario, by hand);
 * the unit's port guard: the same launcher, installed by inference_server as
   ``/usr/local/lib/<unit>/port-guard`` beside the modules the guard needs; the watchdog,
   installed beside them, imports ``restart`` from there.
+
+All import it by its one name, module_utils of the repository's collection,
+``ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib`` (on hosts the
+copy sits at that name as a path, beside the launcher: :mod:`.install`).
 
 Modules import each other relatively, so both names work; this ``__init__`` imports nothing.
 

@@ -1,4 +1,4 @@
-"""The ``model-sync`` command line (the launcher ``module_utils/model-sync`` runs :func:`main`).
+"""The ``model-sync`` command line (role model_sync's launcher ``files/model-sync`` runs :func:`main`).
 
 The argv parser is hand-written rather than argparse, and the output goes through
 :func:`~.compact_json.dumps` rather than ``json``: argparse (with gettext) and json (with

@@ -3,8 +3,9 @@
 inference_server runs it with the directory of the unit's helpers (``/usr/local/lib/<unit>``)
 and the files of this package that the port guard and the watchdog import (the guard, the restart
 sequence; its vars list them, so that the converged record checks the same files): each goes to
-``DIR/llm_host_lib/<file>``, root's and 0644 in a
-0755 directory, and is rewritten only when its content differs, on disk when this returns
+``DIR/<the package's import name as a path>/<file>`` (``DIR/ansible_collections/llm_deploy/...``:
+the launcher and the watchdog in DIR import the copy by the package's one name), root's and 0644
+in 0755 directories, and is rewritten only when its content differs, on disk when this returns
 (:mod:`.durable`: the guard runs at the next boot too). One module run writes them all
 (a ``copy`` task per file would pay a round trip or two each). The content is this package as
 this process loaded it (from AnsiballZ's zip or from a directory), so the guard runs exactly
@@ -16,13 +17,17 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import stat
 
 # AnsiballZ ships only what the module imports: the port guard and the watchdog need these.
 from . import cli, guard, proc, restart  # noqa: F401
 from .durable import replace_file
 
-PACKAGE_DIR = "llm_host_lib"
+# Where the copy goes below DIR: the import name as a path, so that it keeps its name there.
+PACKAGE_DIR = os.path.join(*__package__.split("."))
+# Where earlier versions put the copy (under a name of its own): removed.
+STALE_DIRS = ("llm_host_lib",)
 FILE_MODE = 0o644
 DIR_MODE = 0o755
 
@@ -57,15 +62,32 @@ def settle(path: str, mode: int, check: bool) -> bool:
     return wrong_mode or wrong_owner
 
 
+def make_package_dirs(directory: str, check: bool) -> bool:
+    """Make each folder below ``directory`` down to the package's, root's and 0755 (``directory`` itself
+    as the umask makes it, when missing); whether one changed."""
+    changed = not os.path.isdir(directory)
+    if changed:
+        if check:
+            return True
+        os.makedirs(directory)
+    path = directory
+    for part in PACKAGE_DIR.split(os.sep):
+        path = os.path.join(path, part)
+        if not os.path.isdir(path):
+            if check:  # in check mode a new folder is not there yet, nor anything below it
+                return True
+            os.mkdir(path, DIR_MODE)
+            changed = True
+        changed |= settle(path, DIR_MODE, check)
+    return changed
+
+
 def install(directory: str, file_names: list[str], check: bool = False) -> dict[str, object]:
-    """Make ``directory/llm_host_lib`` hold ``file_names`` of this package: ``changed``, what was written."""
+    """Make ``directory/PACKAGE_DIR`` hold ``file_names`` of this package: ``changed``, what was written
+    and what of an earlier version's copy was removed."""
     sources = {name: source(name) for name in file_names}
     target = os.path.join(directory, PACKAGE_DIR)
-    changed = not os.path.isdir(target)
-    if changed and not check:
-        os.makedirs(target, mode=DIR_MODE)
-    if os.path.isdir(target):  # in check mode a new directory is not there yet
-        changed |= settle(target, DIR_MODE, check)
+    changed = make_package_dirs(directory, check)
     written = []
     for name, data in sorted(sources.items()):
         path = os.path.join(target, name)
@@ -80,4 +102,17 @@ def install(directory: str, file_names: list[str], check: bool = False) -> dict[
                 replace_file(path, data, FILE_MODE)
         if os.path.lexists(path):  # in check mode a new file is not there yet
             changed |= settle(path, FILE_MODE, check)
-    return {"changed": changed or bool(written), "directory": target, "installed": written}
+    removed = [
+        os.path.join(directory, stale) for stale in STALE_DIRS if os.path.lexists(os.path.join(directory, stale))
+    ]
+    for path in removed if not check else []:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    return {
+        "changed": changed or bool(written or removed),
+        "directory": target,
+        "installed": written,
+        "removed": removed,
+    }

@@ -43,7 +43,7 @@ import datetime as dt
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -70,66 +70,61 @@ GATE_FIELDS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 REQUIRED_FIELDS = ("passed",)
 
-# Metric families in output order: (name, type, help, [(input key, extra labels)]).
-METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...] = (
-    (
+
+class Family(NamedTuple):
+    """One metric family of the textfile: its name, HELP text and samples, each (input key, extra labels)."""
+
+    name: str
+    help: str
+    samples: tuple[tuple[str, dict[str, str]], ...]
+    kind: str = "gauge"
+
+
+def _gauge(name: str, key: str, help_text: str) -> Family:
+    """A family of one sample: the figure ``key`` with the common labels only."""
+    return Family(name, help_text, ((key, {}),))
+
+
+def _threshold(name: str, key: str, what: str) -> Family:
+    """A family for one of the gate's thresholds: the role's ``health_gate_<key>`` (0 turns its check off)."""
+    return _gauge(name, key, f"{what} threshold of the last health gate (health_gate_{key}; 0 = off).")
+
+
+# Metric families in output order.
+METRICS: tuple[Family, ...] = (
+    _gauge(
         "llm_gate_decode_tokens_per_second",
-        "gauge",
+        "decode_tps",
         "Mean decode tokens/s per request measured by the health gate.",
-        (("decode_tps", {}),),
     ),
-    (
+    Family(
         "llm_gate_ttft_seconds",
-        "gauge",
         "Time to first token measured by the health gate, by quantile.",
         (("ttft_p50_s", {"quantile": "0.5"}), ("ttft_p95_s", {"quantile": "0.95"})),
     ),
-    (
+    _gauge(
         "llm_gate_accept_length",
-        "gauge",
+        "accept_length",
         "Speculative decoding (MTP) accept length measured by the health gate.",
-        (("accept_length", {}),),
     ),
-    ("llm_gate_passed", "gauge", "1 when the last health gate passed, 0 when it failed.", (("passed", {}),)),
-    (
-        "llm_gate_last_run_timestamp_seconds",
-        "gauge",
-        "Unix time at which the last health gate started.",
-        (("timestamp", {}),),
-    ),
-    (
-        "llm_gate_min_decode_tokens_per_second",
-        "gauge",
-        "Decode tokens/s threshold of the last health gate (health_gate_min_decode_tps; 0 = off).",
-        (("min_decode_tps", {}),),
-    ),
-    (
-        "llm_gate_min_accept_length",
-        "gauge",
-        "Accept length threshold of the last health gate (health_gate_min_accept_length; 0 = off).",
-        (("min_accept_length", {}),),
-    ),
-    (
+    _gauge("llm_gate_passed", "passed", "1 when the last health gate passed, 0 when it failed."),
+    _gauge("llm_gate_last_run_timestamp_seconds", "timestamp", "Unix time at which the last health gate started."),
+    _threshold("llm_gate_min_decode_tokens_per_second", "min_decode_tps", "Decode tokens/s"),
+    _threshold("llm_gate_min_accept_length", "min_accept_length", "Accept length"),
+    _gauge(
         "llm_gate_eval_score",
-        "gauge",
+        "eval_score",
         "Share of the correctness probe's eval the server answered exactly, when the last health gate asked it.",
-        (("eval_score", {}),),
     ),
-    (
-        "llm_gate_min_eval_score",
-        "gauge",
-        "Eval score threshold of the last health gate (health_gate_min_eval_score; 0 = off).",
-        (("min_eval_score", {}),),
-    ),
+    _threshold("llm_gate_min_eval_score", "min_eval_score", "Eval score"),
 )
 
 # Written by inference_server's rollback (tasks/rollback.yml) to llm_rollback.prom.
-ROLLBACK_METRICS: tuple[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]], ...] = (
-    (
+ROLLBACK_METRICS: tuple[Family, ...] = (
+    _gauge(
         "llm_rollback_last_timestamp_seconds",
-        "gauge",
+        "timestamp",
         "Unix time at which a deploy last rolled this host back to its last-known-good state.",
-        (("timestamp", {}),),
     ),
 )
 
@@ -254,15 +249,11 @@ def _format_value(value: float) -> str:
     return repr(value)
 
 
-def _render(
-    families: Sequence[tuple[str, str, str, tuple[tuple[str, dict[str, str]], ...]]],
-    values: Mapping[str, float | None],
-    labels: Mapping[str, Any] | None,
-) -> str:
+def _render(families: Sequence[Family], values: Mapping[str, float | None], labels: Mapping[str, Any] | None) -> str:
     """``families`` with ``values`` (``None`` leaves a sample out) in text exposition format."""
     common = _labels(labels)
     lines: list[str] = []
-    for name, kind, help_text, samples in families:
+    for name, help_text, samples, kind in families:
         rendered = []
         for key, extra in samples:
             value = values.get(key)

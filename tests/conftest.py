@@ -3,9 +3,10 @@
 The tests sit in one folder per component (launch_plan/, health_gate/, model_sync/, nightly/,
 gateway/, bakeoff/, roles/, tools/), each with its own conftest.py for that component's
 fixtures. What several folders use is here or in shared/ (on the path through
-pyproject.toml's pytest ``pythonpath``): the gate's fakes (``gate_fakes``) and the rehearsal
-engine (``rehearsal_engine``). The controller's code (the launch plan, the tools') is the
-package ``deploytools``, installed in the venv (pyproject.toml, ``make setup``).
+pyproject.toml's pytest ``pythonpath``): the gate's fakes (``gate_fakes``, ``fake_sglang_lm``,
+on the fake HTTP server of ``fake_http``) and the rehearsal engine (``rehearsal_engine``).
+The controller's code (the launch plan, the tools') is the package ``deploytools``, installed
+in the venv (pyproject.toml, ``make setup``).
 """
 
 from __future__ import annotations

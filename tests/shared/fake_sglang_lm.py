@@ -24,8 +24,9 @@ import math
 import random
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from fake_http import BackgroundServer, JSONHandler
 
 VOCAB = 128
 
@@ -144,7 +145,7 @@ class ToyLM:
         return {"text": bytes(out).decode("latin-1"), "output_ids": out, "meta_info": meta}
 
 
-class FakeSGLangLM:
+class FakeSGLangLM(BackgroundServer):
     """A threaded HTTP server with SGLang's probe endpoints over a :class:`ToyLM`; ``mode`` may change any time."""
 
     def __init__(self, mode: str = "ok", api_key: str | None = None, admin_api_key: str | None = None) -> None:
@@ -155,20 +156,7 @@ class FakeSGLangLM:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # quiet
-                return
-
-            def _json(self, status: int, obj: Any) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JSONHandler):
             def _allowed(self, admin: bool) -> bool:
                 """SGLang's auth: the API key on normal endpoints; the admin key (else the API key) on admin ones."""
                 wanted = (server.admin_api_key or server.api_key) if admin else server.api_key
@@ -224,23 +212,7 @@ class FakeSGLangLM:
                 self.wfile.flush()
                 self.close_connection = True
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.httpd = Server(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def start(self) -> FakeSGLangLM:
-        """Serve in a background thread."""
-        self.thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop serving."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
     @property
     def mode(self) -> str:

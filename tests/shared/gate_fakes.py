@@ -13,12 +13,12 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 # The gate's package (the repository collection's, installed by make setup).
 from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate  # noqa: F401
+from fake_http import BackgroundServer, JSONHandler
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "health_gate"
@@ -55,7 +55,7 @@ def content_chunk(text: str, finish: str | None = None, usage: dict[str, int] | 
     return out
 
 
-class FakeLLMServer:
+class FakeLLMServer(BackgroundServer):
     """A threaded HTTP server whose answers are set per test through ``scenario``.
 
     scenario keys: ``api_key`` (refuse all but /health and /metrics without this Bearer token,
@@ -81,20 +81,7 @@ class FakeLLMServer:
         self.stop_event = threading.Event()
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:  # quiet
-                return
-
-            def _json(self, status: int, obj: Any) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
+        class Handler(JSONHandler):
             def _record(self, body: dict[str, Any] | None = None) -> None:
                 server.requests.append(
                     {"path": self.path, "method": self.command, "headers": dict(self.headers), "body": body}
@@ -151,12 +138,7 @@ class FakeLLMServer:
             def _chat(self, c: dict[str, Any], body: dict[str, Any]) -> None:
                 mode = c.get("mode", "ok")
                 if mode == "http_error":
-                    payload = (c.get("body") or "boom").encode()
-                    self.send_response(c.get("status", 500))
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
+                    self._answer(c.get("status", 500), (c.get("body") or "boom").encode())
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -197,25 +179,12 @@ class FakeLLMServer:
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
 
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.httpd = Server(("127.0.0.1", port), Handler)
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port:d}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def start(self) -> FakeLLMServer:
-        """Serve in a background thread."""
-        self.thread.start()
-        return self
+        super().__init__(Handler, port)
 
     def close(self) -> None:
         """Stop serving and wake up sleeping handlers."""
         self.stop_event.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().close()
 
     def chat_requests(self) -> list[dict[str, Any]]:
         """Bodies and headers of the chat completions received."""

@@ -688,7 +688,8 @@ FAKE_SERVER = r"""
 import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-# tests/shared/fake_sglang_lm.py's toy model, beside this file: the correctness probe's calls.
+# tests/shared/fake_sglang_lm.py's toy model, beside this file (its fake_http at the top of the
+# site-packages): the correctness probe's calls.
 # With speculative decoding off (no SGLANG_ENABLE_SPEC_V2) it answers as FAKE_LM_NO_SPEC_MODE says.
 from sglang.toy_lm import ToyLM
 
@@ -798,7 +799,9 @@ def fake_bundle(root: Path, port: int, env: dict[str, str] | None = None, gate_a
     (site / "sglang").mkdir(parents=True)
     (site / "sglang" / "__init__.py").write_text("")
     (site / "sglang" / "fake_server.py").write_text(FAKE_SERVER)
-    (site / "sglang" / "toy_lm.py").write_text((Path(__file__).parents[1] / "shared" / "fake_sglang_lm.py").read_text())
+    shared = Path(__file__).parents[1] / "shared"
+    (site / "sglang" / "toy_lm.py").write_text((shared / "fake_sglang_lm.py").read_text())
+    (site / "fake_http.py").write_text((shared / "fake_http.py").read_text())  # what toy_lm.py imports
     (site / "sglang" / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
     (site / "sglang" / "bench_serving.py").write_text(FAKE_BENCH)
     (site / "sglang-0.5.11.dist-info").mkdir()

@@ -165,6 +165,9 @@ def test_a_job_beside_the_lanes_runs_niced_and_takes_no_lane(stages: Path, tmp_p
     # A job that is not NAME=COMMAND is refused in one sentence, before anything runs.
     bad = _tool("molecule", "--beside", "pytest", "alpha", env=env)
     assert bad.returncode == 2 and "write it as NAME=COMMAND" in bad.stderr
+    unclosed = _tool("molecule", "--beside", "unit=echo 'open", "alpha", env=env)
+    assert unclosed.returncode == 2 and "argument --beside: " in unclosed.stderr
+    assert "No closing quotation" in unclosed.stderr
 
 
 def _stage(name: str, seconds: float, start: float, rc: int = 0, **extra: object) -> dict[str, object]:

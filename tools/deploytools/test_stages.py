@@ -168,6 +168,18 @@ def run_stage(name: str, command: Sequence[str]) -> int:
     return rc
 
 
+def beside_job(spec: str) -> tuple[str, list[str]]:
+    """``--beside``'s ``NAME=COMMAND``: (NAME, COMMAND split as a shell would); argparse refuses anything else."""
+    name, sep, command = spec.partition("=")
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"{spec!r}: {exc}") from None
+    if not sep or not name.strip() or not argv:
+        raise argparse.ArgumentTypeError(f"{spec!r}: write it as NAME=COMMAND, e.g. 'pytest=make pytest'")
+    return name.strip(), argv
+
+
 @dataclass
 class LaneJob:
     """One job of a lane (a molecule scenario, or a stage such as pytest): its process, log and clock."""
@@ -195,14 +207,9 @@ class LaneJob:
         )
 
     @classmethod
-    def beside(cls, spec: str, log_dir: Path) -> LaneJob:
-        """``NAME=COMMAND`` (COMMAND split as a shell would): a plain stage beside the lanes, niced."""
-        name, sep, command = spec.partition("=")
-        if not sep or not name.strip() or not command.strip():
-            raise ValueError(f"--beside {spec!r}: write it as NAME=COMMAND, e.g. 'pytest=make pytest'")
-        return cls(
-            name.strip(), shlex.split(command), log_dir / f"{name.strip()}.log", False, scenario=False, nice=NICE_BESIDE
-        )
+    def beside(cls, name: str, command: list[str], log_dir: Path) -> LaneJob:
+        """A plain stage beside the lanes, niced (``--beside NAME=COMMAND``, read by :func:`beside_job`)."""
+        return cls(name, command, log_dir / f"{name}.log", False, scenario=False, nice=NICE_BESIDE)
 
     def argv(self) -> list[str]:
         """The command, niced and in its cgroup where the job has them (the shell moves itself in
@@ -293,12 +300,12 @@ def schedule(jobs: Sequence[str], known: dict[str, float]) -> list[str]:
     return unknown + timed
 
 
-def run_lanes(scenarios: Sequence[str], lanes: int, beside_specs: Sequence[str] = ()) -> int:
-    """Run the scenarios ``lanes`` at a time and the ``NAME=COMMAND`` jobs beside them; return the
+def run_lanes(scenarios: Sequence[str], lanes: int, beside_jobs: Sequence[tuple[str, list[str]]] = ()) -> int:
+    """Run the scenarios ``lanes`` at a time and the (name, command) jobs beside them; return the
     first failure's status."""
     log_dir = stages_file().parent
     log_dir.mkdir(parents=True, exist_ok=True)
-    beside = [LaneJob.beside(spec, log_dir) for spec in beside_specs]
+    beside = [LaneJob.beside(name, command, log_dir) for name, command in beside_jobs]
     cgroup_procs = beside_cgroup() if beside else None
     for job in beside:
         job.cgroup_procs = cgroup_procs
@@ -448,6 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mol.add_argument(
         "--beside",
         action="append",
+        type=beside_job,
         default=[],
         metavar="NAME=COMMAND",
         help=f"another stage, run beside the lanes at nice {NICE_BESIDE} (e.g. 'pytest=make pytest'); repeatable",
@@ -471,10 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "molecule":
         if not args.scenarios and not args.beside:
             parser.error("molecule needs a scenario or a --beside job")
-        try:
-            return run_lanes(args.scenarios, args.lanes, args.beside)
-        except ValueError as exc:
-            parser.error(str(exc))
+        return run_lanes(args.scenarios, args.lanes, args.beside)
     return _report(args, sys.stdout)
 
 

@@ -3,8 +3,9 @@
 
 :data:`DEFAULTS` is the one list of options and their defaults, shared by the module's
 argument_spec, the CLI and the role's defaults; it is read off :class:`GateConfig`'s
-fields. :func:`validate_config` checks every rule at once and returns a frozen
-:class:`GateConfig`, which every later step reads instead of a dict.
+fields, and so are the number options' ranges (:data:`RANGE_RULES`). :func:`validate_config`
+checks every rule at once and returns a frozen :class:`GateConfig`, which every later step
+reads instead of a dict.
 """
 
 from __future__ import annotations
@@ -43,6 +44,14 @@ REFERENCE_KEYS = ("decode_tps_mean", "min_share", "margin_pct")
 CORRECTNESS_MODES = ("auto", "always", "off")
 
 
+def _ranged(default: float, low: int, must: str, strict: bool = False) -> Any:
+    """A number option's field: its default and its range (``low``, ``must`` and ``strict`` of a :class:`RangeRule`).
+
+    :data:`RANGE_RULES` is read off these fields: an option's default and its rule stand on one line.
+    """
+    return dataclasses.field(default=default, metadata={"low": low, "must": must, "strict": strict})
+
+
 @dataclasses.dataclass(frozen=True)
 class GateConfig:
     """A checked set of gate options (built by :func:`validate_config`); the defaults are :data:`DEFAULTS`.
@@ -57,40 +66,40 @@ class GateConfig:
     model: str | None = None
     api_key: str | None = None
     engine: str = "auto"
-    ready_timeout_s: float = 1800.0
-    poll_interval_s: float = 1.0
-    health_timeout_s: float = 30.0
-    request_timeout_s: float = 300.0
-    warmup_requests: int = 2
-    requests: int = 8
-    concurrency: int = 1
-    max_tokens: int = 256
+    ready_timeout_s: float = _ranged(1800.0, 0, "more than 0 seconds", strict=True)
+    poll_interval_s: float = _ranged(1.0, 0, "more than 0 seconds", strict=True)
+    health_timeout_s: float = _ranged(30.0, 0, "more than 0 seconds", strict=True)
+    request_timeout_s: float = _ranged(300.0, 0, "more than 0 seconds", strict=True)
+    warmup_requests: int = _ranged(2, 0, "0 or more")
+    requests: int = _ranged(8, 1, "at least 1 measured request")
+    concurrency: int = _ranged(1, 1, "at least 1")
+    max_tokens: int = _ranged(256, 2, "at least 2 (decode speed needs two tokens)")
     prompts: Any = None
-    min_decode_tps: float = 0.0
-    max_ttft_s: float = 0.0
-    min_accept_length: float = 0.0
-    min_running_requests: int = 0
+    min_decode_tps: float = _ranged(0.0, 0, "0 (no check) or positive (tokens/s)")
+    max_ttft_s: float = _ranged(0.0, 0, "0 (no check) or positive (seconds)")
+    min_accept_length: float = _ranged(0.0, 0, "0 (no check) or positive")
+    min_running_requests: int = _ranged(0, 0, "0 (no check) or a number of requests at once")
     baseline: dict[str, Any] | None = None
     reference: dict[str, Any] | None = None
-    max_regression_pct: float = 0.0
-    regression_min_ttft_delta_s: float = 0.1
+    max_regression_pct: float = _ranged(0.0, 0, "0 (off) or a percentage")
+    regression_min_ttft_delta_s: float = _ranged(0.1, 0, "0 or more seconds")
     allow_prior_restarts: bool = False
-    journal_max_lines: int = 3000
-    journal_max_bytes: int = 512 * 1024
+    journal_max_lines: int = _ranged(3000, 10, "at least 10")
+    journal_max_bytes: int = _ranged(512 * 1024, 1024, "at least 1024 bytes")
     report_dir: str | None = None
-    keep_reports: int = 20
+    keep_reports: int = _ranged(20, 1, "at least 1")
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The correctness probe (llm_gate/probe.py, judged by llm_gate/correctness.py).
     correctness: str = "auto"
     probe_set: Any = None
     admin_api_key: str | None = None
-    min_eval_score: float = 0.0
-    eval_concurrency: int = 4
-    eval_margin_pct: float = 10.0
+    min_eval_score: float = _ranged(0.0, 0, "0 (no floor) or a share of the eval answered right, up to 1")
+    eval_concurrency: int = _ranged(4, 1, "at least 1")
+    eval_margin_pct: float = _ranged(10.0, 0, "0 (off) or a percentage")
     eval_confidence: float = 0.95
-    golden_min_match_share: float = 1.0
-    max_logprob_drift: float = 0.05
-    tie_margin: float = 0.2
+    golden_min_match_share: float = _ranged(1.0, 0, "a share of the golden prompts, from 0 to 1")
+    max_logprob_drift: float = _ranged(0.05, 0, "0 or more (nats per token)")
+    tie_margin: float = _ranged(0.2, 0, "0 or more (nats)")
     accept_output_change: bool = False
 
     @classmethod
@@ -205,32 +214,11 @@ class RangeRule:
         return f"{self.key} must be 0 (no check) or positive, got {value}"
 
 
-# The ranges of the number options: checked by validate_config (the module, the CLI) and by
-# variable_problems (the role's preflight, before anything changes), nowhere else.
-RANGE_RULES: tuple[RangeRule, ...] = (
-    RangeRule("ready_timeout_s", 0, "more than 0 seconds", strict=True),
-    RangeRule("poll_interval_s", 0, "more than 0 seconds", strict=True),
-    RangeRule("health_timeout_s", 0, "more than 0 seconds", strict=True),
-    RangeRule("request_timeout_s", 0, "more than 0 seconds", strict=True),
-    RangeRule("requests", 1, "at least 1 measured request", integer=True),
-    RangeRule("concurrency", 1, "at least 1", integer=True),
-    RangeRule("warmup_requests", 0, "0 or more", integer=True),
-    RangeRule("max_tokens", 2, "at least 2 (decode speed needs two tokens)", integer=True),
-    RangeRule("keep_reports", 1, "at least 1", integer=True),
-    RangeRule("journal_max_lines", 10, "at least 10", integer=True),
-    RangeRule("journal_max_bytes", 1024, "at least 1024 bytes", integer=True),
-    RangeRule("min_decode_tps", 0, "0 (no check) or positive (tokens/s)"),
-    RangeRule("max_ttft_s", 0, "0 (no check) or positive (seconds)"),
-    RangeRule("min_accept_length", 0, "0 (no check) or positive"),
-    RangeRule("min_running_requests", 0, "0 (no check) or a number of requests at once", integer=True),
-    RangeRule("max_regression_pct", 0, "0 (off) or a percentage"),
-    RangeRule("regression_min_ttft_delta_s", 0, "0 or more seconds"),
-    RangeRule("min_eval_score", 0, "0 (no floor) or a share of the eval answered right, up to 1"),
-    RangeRule("eval_concurrency", 1, "at least 1", integer=True),
-    RangeRule("eval_margin_pct", 0, "0 (off) or a percentage"),
-    RangeRule("golden_min_match_share", 0, "a share of the golden prompts, from 0 to 1"),
-    RangeRule("max_logprob_drift", 0, "0 or more (nats per token)"),
-    RangeRule("tie_margin", 0, "0 or more (nats)"),
+# The ranges of the number options, read off GateConfig's fields (:func:`_ranged`; ``integer`` for
+# an int field): checked by validate_config (the module, the CLI) and by variable_problems (the
+# role's preflight, before anything changes), nowhere else.
+RANGE_RULES: tuple[RangeRule, ...] = tuple(
+    RangeRule(f.name, integer=f.type == "int", **f.metadata) for f in dataclasses.fields(GateConfig) if f.metadata
 )
 # The options that are shares (0 to 1), checked on top of their range rule.
 SHARE_OPTIONS = ("min_eval_score", "golden_min_match_share")

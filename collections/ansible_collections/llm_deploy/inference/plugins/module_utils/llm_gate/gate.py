@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from collections.abc import Callable
@@ -63,11 +64,26 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
     }
 
 
-def _discover(
-    endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, report: dict[str, Any]
-) -> tuple[str, dict[str, Any] | None, str]:
-    """Engine, ``/server_info`` and the model id to send, noted in ``report``; (engine, info, model)."""
-    report["phase"] = monitor.phase = "discover"
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What every step of one gate run works with: the server, the checked options, the monitor that
+    watches the unit, the report being filled in, and the progress line."""
+
+    endpoint: Endpoint
+    cfg: GateConfig
+    monitor: Monitor
+    report: dict[str, Any]
+    say: Callable[[str], None]
+
+    def enter(self, phase: str) -> None:
+        """Start ``phase``: the report and the monitor (which names it in a failure's reason) both say so."""
+        self.report["phase"] = self.monitor.phase = phase
+
+
+def _discover(run: _Run) -> tuple[str, dict[str, Any] | None, str]:
+    """Engine, ``/server_info`` and the model id to send, noted in the report; (engine, info, model)."""
+    endpoint, cfg, monitor, report = run.endpoint, run.cfg, run.monitor, run.report
+    run.enter("discover")
     timeout = cfg.health_timeout_s
     info = monitor.call(discovery.get_server_info, endpoint, timeout)
     engine = cfg.engine
@@ -102,16 +118,8 @@ def _discover(
     return engine, info, model
 
 
-def _measure(
-    endpoint: Endpoint,
-    cfg: GateConfig,
-    monitor: Monitor,
-    model: str,
-    engine: str,
-    report: dict[str, Any],
-    say: Callable[[str], None],
-) -> dict[str, Any]:
-    """Warm-up requests, then the measured ones; the aggregate (also noted in ``report``).
+def _measure(run: _Run, model: str, engine: str) -> dict[str, Any]:
+    """Warm-up requests, then the measured ones; the aggregate (also noted in the report).
 
     Both ask the engine for exactly ``max_tokens`` tokens where it can (:func:`fixed_output_fields`).
     The warm-up is untimed and has the measurement's shapes: the same prompts from the first one on,
@@ -119,13 +127,14 @@ def _measure(
     size the measurement reaches has run once) and the same output length; first-request JIT, kernel
     selection for new prompt lengths and the prefix cache are then behind the measurement.
     """
+    cfg, report, say = run.cfg, run.report, run.say
     fixed, extra = fixed_output_fields(engine, cfg.max_tokens)
 
     def measure(count: int) -> tuple[list[Any], float]:
         """``count`` requests from the first prompt on, ``cfg.concurrency`` at a time; (results, wall seconds)."""
         return run_requests(
-            endpoint, model, cfg.prompts, count, cfg.concurrency, cfg.max_tokens, cfg.request_timeout_s, monitor,
-            first_index=0, extra=extra,
+            run.endpoint, model, cfg.prompts, count, cfg.concurrency, cfg.max_tokens, cfg.request_timeout_s,
+            run.monitor, first_index=0, extra=extra,
         )  # fmt: skip
 
     report["settings"]["fixed_output"] = fixed
@@ -140,7 +149,7 @@ def _measure(
             f"{cfg.requests % cfg.concurrency} run with fewer requests at once"
         )
     if cfg.warmup_requests:
-        report["phase"] = monitor.phase = "warmup"
+        run.enter("warmup")
         warm, warm_wall = measure(max(cfg.warmup_requests, cfg.concurrency))
         report["warmup"] = {
             "requests": len(warm),
@@ -151,7 +160,7 @@ def _measure(
         }
         say(f"warm-up: {len(warm)} requests in {warm_wall:.1f} s (not measured)")
 
-    report["phase"] = monitor.phase = "measure"
+    run.enter("measure")
     say(
         f"measuring: {cfg.requests} requests, concurrency {cfg.concurrency}, max_tokens {cfg.max_tokens}"
         + (f" (exactly, {fixed})" if fixed else "")
@@ -172,14 +181,14 @@ def _measure(
     return agg
 
 
-def _info_after(endpoint: Endpoint, cfg: GateConfig, monitor: Monitor, engine: str) -> dict[str, Any] | None:
+def _info_after(run: _Run, engine: str) -> dict[str, Any] | None:
     """``/server_info`` once more after the measurement (SGLang only; None elsewhere or when it does not answer).
 
     Read once: the accept length and the running-request limit both come from it.
     """
     if engine != "sglang":
         return None
-    return monitor.call(discovery.get_server_info, endpoint, cfg.health_timeout_s)
+    return run.monitor.call(discovery.get_server_info, run.endpoint, run.cfg.health_timeout_s)
 
 
 def _capacity(engine: str, info: dict[str, Any] | None, info_after: dict[str, Any] | None) -> dict[str, Any]:
@@ -197,12 +206,7 @@ def _capacity(engine: str, info: dict[str, Any] | None, info_after: dict[str, An
 
 
 def _speculative(
-    endpoint: Endpoint,
-    cfg: GateConfig,
-    monitor: Monitor,
-    engine: str,
-    info: dict[str, Any] | None,
-    info_after: dict[str, Any] | None,
+    run: _Run, engine: str, info: dict[str, Any] | None, info_after: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The MTP accept length (SGLang): ``{"value", "source", "note", ...}``; ``info_after`` is :func:`_info_after`'s."""
     accept: dict[str, Any] = {"value": None, "source": None, "note": None}
@@ -219,8 +223,9 @@ def _speculative(
         if value is not None:
             accept.update(value=rounded(value, 3), source="server_info.internal_states[0].avg_spec_accept_length")
         else:
-            gen, note = monitor.call(
-                discovery.generate_accept_length, endpoint, cfg.prompts[0], cfg.max_tokens, cfg.request_timeout_s
+            cfg = run.cfg
+            gen, note = run.monitor.call(
+                discovery.generate_accept_length, run.endpoint, cfg.prompts[0], cfg.max_tokens, cfg.request_timeout_s
             )
             accept["generate"] = gen
             if gen is not None:
@@ -234,28 +239,21 @@ def _speculative(
     return accept
 
 
-def _correctness(
-    endpoint: Endpoint,
-    cfg: GateConfig,
-    monitor: Monitor,
-    engine: str,
-    model: str,
-    report: dict[str, Any],
-    say: Callable[[str], None],
-) -> None:
+def _correctness(run: _Run, engine: str, model: str) -> None:
     """The correctness probe (:mod:`.probe`) when :func:`.correctness.wanted` says so; its results in
     ``report["correctness"]``, why it ran or not in ``report["correctness_why"]``."""
+    cfg, report = run.cfg, run.report
     want, why = wanted(cfg)
     report["correctness_why"] = why
     if not want:
-        say(f"correctness: not asked ({why})")
+        run.say(f"correctness: not asked ({why})")
         return
-    report["phase"] = monitor.phase = "correctness"
+    run.enter("correctness")
     _, golden, _ = reference_of(cfg)
     try:
         report["correctness"] = run_probe(
-            endpoint, engine, model, cfg.probe_set, golden, cfg.eval_concurrency, cfg.request_timeout_s, monitor,
-            cfg.admin_api_key, say,
+            run.endpoint, engine, model, cfg.probe_set, golden, cfg.eval_concurrency, cfg.request_timeout_s,
+            run.monitor, cfg.admin_api_key, run.say,
         )  # fmt: skip
     except RequestError as exc:  # judged with the speed figures (llm_gate/correctness.py), not instead of them
         report["correctness"] = {"probe": probe_identity(cfg.probe_set), "engine": engine, "error": str(exc)}
@@ -280,6 +278,7 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
     watcher = make_watcher(cfg)
     monitor = Monitor(watcher, max(0.2, min(cfg.poll_interval_s / 2.0, 1.0)))
     report = _new_report(cfg, endpoint, watcher, started.strftime(TIMESTAMP_FORMAT))
+    run = _Run(endpoint, cfg, monitor, report, say)
     try:
         if not isinstance(watcher, NullWatcher):
             say(f"watching {report['watch']}")
@@ -287,13 +286,13 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         monitor.start()
         wait_ready(endpoint, cfg, monitor, say, report["readiness"])
 
-        engine, info, model = _discover(endpoint, cfg, monitor, report)
+        engine, info, model = _discover(run)
         say(f"engine {engine}{(' ' + str(report['version'])) if report['version'] else ''}, model {model}")
-        agg = _measure(endpoint, cfg, monitor, model, engine, report, say)
+        agg = _measure(run, model, engine)
 
-        report["phase"] = monitor.phase = "speculative"
-        info_after = _info_after(endpoint, cfg, monitor, engine)
-        accept = _speculative(endpoint, cfg, monitor, engine, info, info_after)
+        run.enter("speculative")
+        info_after = _info_after(run, engine)
+        accept = _speculative(run, engine, info, info_after)
         report["speculative"] = {
             "accept_length": accept["value"],
             "source": accept["source"],
@@ -304,7 +303,7 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         if capacity["effective_max_running_requests"] is not None:
             say(f"at most {capacity['effective_max_running_requests']} running requests at once ({capacity['source']})")
 
-        _correctness(endpoint, cfg, monitor, engine, model, report, say)
+        _correctness(run, engine, model)
 
         monitor.poll_now()
         monitor.check()

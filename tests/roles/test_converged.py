@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -406,3 +407,20 @@ def test_the_deploy_imports_each_role_whose_record_the_check_reads():
     with_parts = [r for r, path in role_vars.items() if path.exists() and f"{r}_converged:" in path.read_text()]
     assert with_parts == ["ml_env", "model_sync", "inference_server"]
     assert [role for role in with_parts if role not in imported] == []
+
+
+def test_the_collection_code_that_the_deploy_roles_ship_is_an_input():
+    """The roles' modules import their code from the collection llm_deploy.inference, outside every role's folder:
+    each package that the converged roles' modules (and their dependency llm_host's) import is a controller path of
+    the fingerprint, so a deploy whose host code changed leaves the fast path (a package under roles/ was a role
+    file before it moved to the collection)."""
+    defaults = (ROLE / "defaults/main.yml").read_text()
+    paths = [ROOT / rel.lstrip("/") for rel in re.findall(r"_converged_repo ~ '([^']+)'", defaults)]
+    imported = {
+        (ROOT / "collections/ansible_collections/llm_deploy/inference/plugins/module_utils" / package)
+        for role in [*CONVERGED_ROLES, "llm_host"]
+        for module in (ROOT / "roles" / role / "library").glob("*.py")
+        for package in re.findall(r"llm_deploy\.inference\.plugins\.module_utils\.(\w+)", module.read_text())
+    }
+    assert len(imported) >= 2, imported  # llm_host_lib (llm_host, last_known_good), model_sync_lib (model_sync)
+    assert [str(p) for p in sorted(imported) if not any(p == path or path in p.parents for path in paths)] == []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
@@ -28,7 +30,9 @@ def test_every_shipped_probe_set_loads_and_its_answers_are_right(path):
     for item in probe["eval_items"]:
         question = item["messages"][-1]["content"]
         numbers = [int(n) for n in re.findall(r"\d+", question)]
-        if "after" in question:
+        if item["id"].startswith("steps-"):
+            expected = _steps_answer(question, numbers)
+        elif "after" in question:
             expected = numbers[0] + 1
         elif " times " in question:
             expected = numbers[0] * numbers[1]
@@ -37,6 +41,34 @@ def test_every_shipped_probe_set_loads_and_its_answers_are_right(path):
         else:
             expected = numbers[0] + numbers[1]
         assert item["answer"] == str(expected), question
+
+
+def _steps_answer(question: str, numbers: list[int]) -> int:
+    """A two- or three-step problem's answer, worked out from its words (not from the generator's arithmetic)."""
+    if "packs" in question:
+        packs, each, given = numbers
+        return packs * each - given
+    if "twice as many" in question:
+        first, more = numbers
+        return first + (first + more) + 2 * (first + more)
+    if "box holds" in question:
+        per_box, boxes, friends = numbers
+        assert per_box * boxes % friends == 0, question
+        return per_box * boxes // friends
+    if "sold" in question:
+        had, sold, _price, bought = numbers
+        return had - sold + bought
+    rate_a, days_a, rate_b, days_b = numbers
+    return rate_a * days_a + rate_b * days_b
+
+
+def test_the_steps_family_is_whole_positive_and_varied():
+    spec = {"seed": 7, "max_tokens": 8, "families": [{"family": "steps", "count": 200}]}
+    questions = [(item["messages"][0]["content"], int(item["answer"])) for item in llm_gate.eval_items(spec)]
+    assert all(answer > 0 for _, answer in questions)
+    for words in ("packs", "twice as many", "box holds", "sold", "reads"):
+        assert sum(words in question for question, _ in questions) >= 20, words
+    assert all(_steps_answer(q, [int(n) for n in re.findall(r"\d+", q)]) == a for q, a in questions)
 
 
 def test_the_eval_is_the_same_for_a_seed_and_another_for_another_seed():
@@ -103,3 +135,12 @@ def test_the_preflight_filter_names_a_missing_or_wrong_probe_set():
     assert problems("") == ["no such probe set was found"]
     assert "it is no JSON" in problems("{not json")[0]
     assert "golden.items" in problems(json.dumps({"name": "x", "version": 1, "golden": {}, "eval": {}}))[0]
+
+
+def test_the_docs_table_of_what_the_eval_comparison_refuses_is_computed():
+    """docs/health-gate.md's table per profile is tools/probe-set power-table's output, to the character."""
+    table = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "probe-set"), "power-table"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert table.count("\n") == 7 and "| sglang_servers: " in table
+    assert table in (REPO / "docs" / "health-gate.md").read_text()

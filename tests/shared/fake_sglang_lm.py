@@ -13,7 +13,13 @@ drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache
 ``ok`` model, except that a request whose prompt is found in the prefix cache decodes from
 perturbed state, like the mamba radix cache's "ghost node"); ``nondeterministic`` (fresh noise
 on every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize``
-answers 404). The chat endpoint answers the probe's arithmetic questions by parsing them.
+answers 404); ``no_token_ids`` (``/generate`` answers text without token ids or log-probabilities);
+``zero_logprobs`` (every log-probability 0); ``no_cache`` (no prefix cache: no cached tokens);
+``hit_first_token`` (the first decode step is a near-tie, and a cache hit takes the third-ranked
+token there, not the runner-up: the class of sglang #29633); ``batch_flip`` (every other request
+flips the first near-tie it decodes, as a batch of other clients' requests can). The chat endpoint
+answers the questions of the role's probe sets (their generated evals, looked up; others by parsing
+them), and off by one those listed in ``wrong`` (a server that lost some of its answers).
 """
 
 from __future__ import annotations
@@ -24,11 +30,34 @@ import math
 import random
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 from fake_http import BackgroundServer, JSONHandler
 
 VOCAB = 128
+PROBES = Path(__file__).resolve().parents[2] / "roles" / "health_gate" / "files" / "probes"
+
+
+def known_answers() -> dict[str, int]:
+    """The exact answer of every generated eval question of the role's probe sets, by its text: from
+    ``known_answers.json`` beside this file where there is one (a copy in a fake bundle), else worked
+    out by the gate's package ({} where it is not at hand)."""
+    beside = Path(__file__).with_name("known_answers.json")
+    if beside.is_file():
+        return {str(k): int(v) for k, v in json.loads(beside.read_text()).items()}
+    try:
+        from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate import load_probe_set
+    except ImportError:
+        return {}
+    return {
+        item["messages"][-1]["content"]: int(item["answer"])
+        for path in sorted(PROBES.glob("*.json"))
+        for item in load_probe_set(str(path))["eval_items"]
+    }
+
+
+KNOWN = known_answers()
 
 
 def _logprobs(context: list[int], noise: float = 0.0, rng: random.Random | None = None) -> list[float]:
@@ -47,6 +76,8 @@ def _logprobs(context: list[int], noise: float = 0.0, rng: random.Random | None 
 
 def _answer(question: str) -> int | None:
     """The exact answer of one of the probe set's generated questions, None when not one."""
+    if question in KNOWN:
+        return KNOWN[question]
     numbers = [int(n) for n in re.findall(r"\d+", question)]
     if len(numbers) < 2 and "after" in question and numbers:
         return numbers[0] + 1
@@ -71,6 +102,8 @@ class ToyLM:
         self.cache: list[list[int]] = []
         self.lock = threading.Lock()
         self.random = random.Random(7)
+        self.wrong: set[str] = set()
+        self.requests = 0
 
     def flush(self) -> None:
         """``/flush_cache``."""
@@ -84,14 +117,14 @@ class ToyLM:
     def chat(self, question: str) -> str:
         """A chat answer to one of the probe's generated questions."""
         value = _answer(question)
-        if value is not None and self.mode == "wrong_answers":
+        if value is not None and (self.mode == "wrong_answers" or question in self.wrong):
             value += 1
         return "I do not know" if value is None else str(value)
 
     def _cached(self, ids: list[int]) -> int:
         """The longest prefix of ``ids`` (at most all but one) that an earlier sequence since the flush shares."""
         best = 0
-        for seq in self.cache:
+        for seq in [] if self.mode == "no_cache" else self.cache:
             n = 0
             while n < min(len(seq), len(ids) - 1) and seq[n] == ids[n]:
                 n += 1
@@ -114,6 +147,8 @@ class ToyLM:
         with self.lock:
             cached = self._cached(ids)
             rng = random.Random(self.random.random())
+            self.requests += 1
+            flip = self.mode == "batch_flip" and self.requests % 2 == 0
         hit = cached > 0
         top_n = int(body.get("top_logprobs_num") or 0)
         start = body.get("logprob_start_len", -1)
@@ -130,9 +165,16 @@ class ToyLM:
             meta["input_top_logprobs"] = tops
         out: list[int] = []
         chosen, out_tops = [], []
-        for _ in range(int(params.get("max_new_tokens", 16))):
+        for step in range(int(params.get("max_new_tokens", 16))):
             dist = self._dist(ids + out, hit, rng)
             ranked = sorted(range(VOCAB), key=lambda t: -dist[t])
+            if self.mode == "hit_first_token" and step == 0:
+                dist[ranked[1]] = dist[ranked[0]] - 0.1  # a near-tie at the first token
+                ranked = ranked[2:3] + ranked[:2] + ranked[3:] if hit else ranked
+            elif flip and dist[ranked[0]] - dist[ranked[1]] <= 0.15:
+                dist[ranked[1]] = dist[ranked[0]] + 0.01  # the runner-up by a hair, this once
+                ranked = [ranked[1], ranked[0], *ranked[2:]]
+                flip = False
             out.append(ranked[0])
             chosen.append([dist[ranked[0]], ranked[0], None])
             out_tops.append([[dist[t], t, None] for t in ranked[:top_n]])
@@ -142,6 +184,14 @@ class ToyLM:
         with self.lock:
             self.cache.append(ids + out)
         meta["completion_tokens"] = len(out)
+        if self.mode == "zero_logprobs":
+            for key in ("output_token_logprobs", "input_token_logprobs"):
+                meta[key] = [[None if e[0] is None else 0.0, *e[1:]] for e in meta.get(key) or []]
+        if self.mode == "no_token_ids":
+            return {
+                "text": bytes(out).decode("latin-1"),
+                "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached},
+            }
         return {"text": bytes(out).decode("latin-1"), "output_ids": out, "meta_info": meta}
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import deploytools.gpu_acceptance.cli  # noqa: F401  (imports every module of the package)
+import fake_sglang_lm
 import pytest
 from deploytools import build_bundle, lock_profile
 from deploytools import gpu_acceptance as ga
@@ -801,6 +802,7 @@ def fake_bundle(root: Path, port: int, env: dict[str, str] | None = None, gate_a
     (site / "sglang" / "fake_server.py").write_text(FAKE_SERVER)
     shared = Path(__file__).parents[1] / "shared"
     (site / "sglang" / "toy_lm.py").write_text((shared / "fake_sglang_lm.py").read_text())
+    (site / "sglang" / "known_answers.json").write_text(json.dumps(fake_sglang_lm.KNOWN))  # its evals' answers
     (site / "fake_http.py").write_text((shared / "fake_http.py").read_text())  # what toy_lm.py imports
     (site / "sglang" / "launch_server.py").write_text(FAKE_LAUNCH_SERVER)
     (site / "sglang" / "bench_serving.py").write_text(FAKE_BENCH)

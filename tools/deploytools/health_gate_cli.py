@@ -131,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--correctness", choices=llm_gate.CORRECTNESS_MODES, default=d["correctness"])
     floats(
         ("--min-eval-score", "min_eval_score", "lowest share of the probe set's eval answered exactly (0: no check)"),
-        ("--eval-margin-pct", "eval_margin_pct", "with --baseline: the eval score's Wilson bound vs the baseline's"),
+        ("--eval-margin-pct", "eval_margin_pct", "with --baseline: points of the eval the baseline's may lead by"),
         ("--golden-min-match-share", "golden_min_match_share", "with --baseline: share of golden outputs the same"),
     )
     p.set_defaults(min_eval_score=CLI_MIN_EVAL_SCORE)

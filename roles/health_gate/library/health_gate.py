@@ -44,8 +44,9 @@ description:
     cache hit and a repeat, and its seeded eval as chat questions with exact answers. It fails the gate when
     the golden outputs differ from the last-known-good's (O(baseline)'s C(correctness) record, same probe set
     and model revision) beyond a near-tie the engine's re-scoring explains, when greedy outputs are not
-    deterministic or a cache hit changes them, when the eval score is below O(min_eval_score), or when its
-    Wilson lower bound is below the last-known-good's score less O(eval_margin_pct). O(correctness) C(auto)
+    deterministic or a cache hit changes them (beyond a near-tie), when the eval score is below
+    O(min_eval_score), or when, question by question against the last-known-good's answers, it is
+    confidently worse by more than O(eval_margin_pct) points (McNemar's exact test). O(correctness) C(auto)
     asks only when the unit is not the one whose outputs the last-known-good recorded."
   - "B(Report): a JSON report (also for a failed gate) is written to O(report_dir) as
     C(<UTC timestamp>.json) plus C(latest.json); the history is pruned to O(keep_reports).
@@ -238,12 +239,14 @@ options:
     default: 4
   eval_margin_pct:
     description:
-      - The eval score's Wilson lower bound (at O(eval_confidence)) must reach the last-known-good's score less this
-        many percent. 0 disables the relative check.
+      - The eval against the last-known-good's answers to the same questions fails only when this server answers
+        more than this many percentage points fewer of them right (net) and is confidently worse (the exact
+        one-sided sign test on the questions the two answered differently, at O(eval_confidence)). An unchanged
+        server never fails it. 0 disables the relative check.
     type: float
-    default: 10
+    default: 5
   eval_confidence:
-    description: One-sided confidence of the Wilson lower bound.
+    description: One-sided confidence of the sign test that the eval is worse than the last-known-good's.
     type: float
     choices: [0.8, 0.9, 0.95, 0.975, 0.99]
     default: 0.95
@@ -254,16 +257,29 @@ options:
     default: 1.0
   max_logprob_drift:
     description:
-      - Re-scoring (SGLang) only. The mean absolute difference, in nats per token, between the log-probabilities
-        this server gives the last-known-good's golden tokens and the ones they had, above which a prompt fails.
+      - Between a cache hit and a miss, or a repeat and the hit (SGLang), the mean absolute difference of the
+        log-probabilities before the divergence, in nats per token, above which it is not a near-tie.
     type: float
     default: 0.05
+  max_rescore_kl:
+    description:
+      - Re-scoring (SGLang) only. SGLang's KL estimate, mean(e^r - 1 - r) per token, between this server's re-score of
+        the last-known-good's golden tokens and the last-known-good's own re-score of them, above which a prompt
+        fails.
+    type: float
+    default: 0.0025
   tie_margin:
     description:
       - A divergence is a near-tie when this server ranks the reference's token within this many nats of its own
         choice (re-scored), or, between a cache hit and a miss, when the miss's top two were this close.
     type: float
     default: 0.2
+  require_cache_hit:
+    description:
+      - On an engine with a prefix cache, fail when C(/flush_cache) failed or the consistency prompts' hits served no
+        cached tokens (no hit was checked against a miss). false accepts it, with a note.
+    type: bool
+    default: true
   accept_output_change:
     description:
       - The golden outputs and the eval score may differ from the last-known-good's on purpose (reported, not
@@ -452,6 +468,7 @@ NUMBER_OPTIONS = {
         "eval_confidence",
         "golden_min_match_share",
         "max_logprob_drift",
+        "max_rescore_kl",
         "tie_margin",
     ),
     "int": (
@@ -486,6 +503,7 @@ def argument_spec() -> dict:
         probe_set=dict(type="raw"),
         admin_api_key=dict(type="str", no_log=True),
         accept_output_change=dict(type="bool", default=DEFAULTS["accept_output_change"]),
+        require_cache_hit=dict(type="bool", default=DEFAULTS["require_cache_hit"]),
     )
     for kind, names in NUMBER_OPTIONS.items():
         spec.update({name: dict(type=kind, default=DEFAULTS[name]) for name in names})

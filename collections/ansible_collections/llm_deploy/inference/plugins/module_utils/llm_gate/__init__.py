@@ -44,9 +44,9 @@ disk as ``<UTC timestamp>.json`` plus ``latest.json`` and prunes the history.
 One concern a module: :mod:`.config` (options, rules, :class:`GateConfig`), :mod:`.prompts`,
 :mod:`.errors`, :mod:`.stats`, :mod:`.redaction`, :mod:`.client` (HTTP), :mod:`.watchers`
 and :mod:`.monitor` (unit or PID), :mod:`.readiness`, :mod:`.discovery`, :mod:`.streaming`,
-:mod:`.verdict`, :mod:`.probeset`, :mod:`.probe` and :mod:`.correctness` (what the server says:
-the probe set, its requests, their judgement), :mod:`.report` (storage), :mod:`.gate`
-(:func:`run_gate`) and :mod:`.repeat`
+:mod:`.verdict`, :mod:`.probeset`, :mod:`.probe`, :mod:`.correctness` and :mod:`.eval_compare`
+(what the server says: the probe set, its requests, their judgement, the eval against the
+last-known-good's), :mod:`.report` (storage), :mod:`.gate` (:func:`run_gate`) and :mod:`.repeat`
 (:func:`run_repeat`: the gate's own noise over repeated gates of one server). The names
 below are the package's public face; import them from ``llm_gate`` itself.
 """
@@ -74,13 +74,13 @@ from .config import (
 from .correctness import (
     ACCEPT_VARIABLE,
     CONFIDENCES,
+    RECORD_SCHEMA,
     compare_golden,
     judge_correctness,
     next_record,
     record_of,
     reference_of,
     wanted,
-    wilson_lower,
 )
 from .discovery import (
     CAPACITY_KEY,
@@ -95,6 +95,14 @@ from .discovery import (
     resolve_model,
 )
 from .errors import GateFailure, GateUsageError, RequestError, WatchFailure
+from .eval_compare import (
+    counts_from_totals,
+    paired_counts,
+    refusal_probability,
+    refuses,
+    sign_test_p,
+    smallest_refused_drop,
+)
 from .gate import run_gate
 from .monitor import Monitor
 from .probe import ENGINE_CALLS, run_probe
@@ -133,6 +141,13 @@ from .watchers import (
 
 __all__ = [
     "ACCEPT_VARIABLE",
+    "RECORD_SCHEMA",
+    "counts_from_totals",
+    "paired_counts",
+    "refusal_probability",
+    "refuses",
+    "sign_test_p",
+    "smallest_refused_drop",
     "BASELINE_COUNTS",
     "BASELINE_FIGURES",
     "BASELINE_SETTINGS",
@@ -227,5 +242,4 @@ __all__ = [
     "verdict_of",
     "wait_ready",
     "wanted",
-    "wilson_lower",
 ]

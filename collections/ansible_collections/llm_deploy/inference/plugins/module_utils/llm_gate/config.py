@@ -95,11 +95,13 @@ class GateConfig:
     admin_api_key: str | None = None
     min_eval_score: float = _ranged(0.0, 0, "0 (no floor) or a share of the eval answered right, up to 1")
     eval_concurrency: int = _ranged(4, 1, "at least 1")
-    eval_margin_pct: float = _ranged(10.0, 0, "0 (off) or a percentage")
+    eval_margin_pct: float = _ranged(5.0, 0, "0 (off) or percentage points of accuracy")
     eval_confidence: float = 0.95
     golden_min_match_share: float = _ranged(1.0, 0, "a share of the golden prompts, from 0 to 1")
     max_logprob_drift: float = _ranged(0.05, 0, "0 or more (nats per token)")
+    max_rescore_kl: float = _ranged(0.0025, 0, "0 or more (nats per token, SGLang's KL estimate)")
     tie_margin: float = _ranged(0.2, 0, "0 or more (nats)")
+    require_cache_hit: bool = True
     accept_output_change: bool = False
 
     @classmethod
@@ -137,7 +139,9 @@ class GateConfig:
             "eval_confidence": self.eval_confidence,
             "golden_min_match_share": self.golden_min_match_share,
             "max_logprob_drift": self.max_logprob_drift,
+            "max_rescore_kl": self.max_rescore_kl,
             "tie_margin": self.tie_margin,
+            "require_cache_hit": self.require_cache_hit,
         }
 
 
@@ -371,4 +375,5 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
         raise GateUsageError("; ".join(errors))
     cfg["allow_prior_restarts"] = bool(cfg.get("allow_prior_restarts"))
     cfg["accept_output_change"] = bool(cfg.get("accept_output_change"))
+    cfg["require_cache_hit"] = bool(cfg.get("require_cache_hit", True))
     return GateConfig(**cfg)

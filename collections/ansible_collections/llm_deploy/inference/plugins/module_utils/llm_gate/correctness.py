@@ -5,23 +5,31 @@ Three checks over what :func:`.probe.run_probe` brought back, and a fourth again
 
 * ``golden_outputs``: the golden prompts' outputs against the last-known-good's, when it was
   recorded with the same probe set on the same model revision. A prompt passes when its tokens
-  (text, where the engine gives no ids) are the same, or, where the engine re-scored the
-  reference's tokens (teacher forcing), when they part at a near-tie (this server ranks the
-  reference's token within ``tie_margin`` of its own choice) and the reference's tokens drift by
-  at most ``max_logprob_drift`` on average: a kernel change that flips a near-tie is told apart
-  from a broken server, whose drift is large. At least ``golden_min_match_share`` of the prompts
-  must pass.
+  (text, where the engine gives no ids) are the same, or, where the engine re-scores (teacher
+  forcing), when they part at a near-tie (this server ranks the reference's token within
+  ``tie_margin`` of its own choice) and the reference's tokens re-scored here differ from the
+  reference's own re-score of them (kept in the record) by at most ``max_rescore_kl``: SGLang's
+  KL estimate, mean(e^r - 1 - r) over the tokens, r the difference of the two log-probabilities.
+  Both are prefill log-probabilities, like with like. At least ``golden_min_match_share`` of the
+  prompts must pass.
 * ``consistency``: each consistency prompt asked as a cache miss (the golden pass, after a flush),
-  a hit, and a repeat. The repeat must give the hit's tokens exactly (greedy decoding that is not
-  deterministic is a failure, not noise); the hit must give the miss's, or part from it at a
-  near-tie with the log-probabilities before it within the drift bound.
+  a hit, and a repeat. The hit must give the miss's tokens, and the repeat the hit's, or part from
+  them at a near-tie: the earlier one's margin there within ``tie_margin``, the later one's token
+  its runner-up, the log-probabilities before it within ``max_logprob_drift`` (a server's greedy
+  output may flip a near-tie with the batch it is in, which live traffic changes). Where the engine
+  has a prefix cache, a flush that failed or a hit that served no cached tokens fails the check
+  unless ``require_cache_hit`` is off.
 * ``eval_score``: the share of the generated questions answered exactly, at least ``min_eval_score``.
-* ``eval_score_vs_last_known_good``: against the last-known-good's score (same probe set, any model
-  revision): the Wilson lower bound of this score at ``eval_confidence`` must reach the reference's
-  score less ``eval_margin_pct`` percent (vLLM's accuracy gate, in its mode for small samples).
+* ``eval_score_vs_last_known_good``: against the last-known-good's answers to the same questions
+  (same probe set, any model revision): refused only when this server is confidently worse by more
+  than ``eval_margin_pct`` points (:mod:`.eval_compare`: McNemar's exact test on the questions the
+  two answered differently). An unchanged server never fails it.
 
-``accept_output_change`` lets the golden outputs and the relative score differ on purpose (the
-new outputs become the reference); the floor and the consistency check still apply.
+Every log-probability of every golden output equal to 0 fails (an engine that fills the field
+without computing it), and so does an SGLang-speaking server that answers without token ids
+(:mod:`.probe` refuses the answer). ``accept_output_change`` lets the golden outputs and the
+relative score differ on purpose (the new outputs become the reference); the floor and the
+consistency check still apply.
 """
 
 from __future__ import annotations
@@ -29,29 +37,18 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from .eval_compare import counts_from_totals, paired_counts, refuses, sign_test_p
+
 if TYPE_CHECKING:  # pragma: no cover - annotations only
     from .config import GateConfig
 
 ACCEPT_VARIABLE = "health_gate_accept_output_change"
-# The one-sided normal quantiles of the confidences the gate accepts (NormalDist is not in 3.6-3.7).
-_Z = {0.8: 0.8416, 0.9: 1.2816, 0.95: 1.6449, 0.975: 1.96, 0.99: 2.3263}
-CONFIDENCES = tuple(sorted(_Z))
-
-
-def wilson_lower(correct: int, count: int, confidence: float = 0.95) -> float:
-    """The one-sided Wilson score lower bound of ``correct`` successes in ``count`` trials.
-
-    >>> round(wilson_lower(20, 20, 0.95), 3)
-    0.881
-    """
-    if count <= 0:
-        return 0.0
-    z = _Z[confidence]
-    p = correct / count
-    denom = 1 + z * z / count
-    center = (p + z * z / (2 * count)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / count + z * z / (4 * count * count))
-    return max(0.0, min(1.0, center - half))
+CACHE_VARIABLE = "health_gate_require_cache_hit"
+# The confidences the eval's comparison accepts (one-sided).
+CONFIDENCES = (0.8, 0.9, 0.95, 0.975, 0.99)
+# What a record holds: 2 added the eval's answers question by question and each golden output's
+# re-score by the server that recorded it. A record of an older schema is replaced at the next pass.
+RECORD_SCHEMA = 2
 
 
 def record_of(result: dict[str, Any], model_revision: str | None) -> dict[str, Any]:
@@ -59,15 +56,20 @@ def record_of(result: dict[str, Any], model_revision: str | None) -> dict[str, A
     score and each golden output (text, and token ids and their log-probabilities where given; a
     conversation's later turn also the texts of the turns before it that it was asked on)."""
     golden = {}
+    own = result.get("self_rescored") or {}
     for key, value in (result.get("golden") or {}).items():
         golden[key] = {
             name: value[name] for name in ("text", "token_ids", "logprobs", "prior") if value.get(name) is not None
         }
+        if (own.get(key) or {}).get("logprobs") is not None:
+            golden[key]["rescored_logprobs"] = own[key]["logprobs"]
     ev = result.get("eval") or {}
+    answers = {row["id"]: bool(row.get("right")) for row in ev.get("items") or []}
     return {
+        "schema": RECORD_SCHEMA,
         "probe": result.get("probe"),
         "model_revision": model_revision,
-        "eval": {"score": ev.get("score"), "correct": ev.get("correct"), "count": ev.get("count")},
+        "eval": {"score": ev.get("score"), "correct": ev.get("correct"), "count": ev.get("count"), "answers": answers},
         "golden": golden,
     }
 
@@ -125,12 +127,28 @@ def _sequences(a: dict[str, Any], b: dict[str, Any]) -> tuple[Any, Any, str]:
     return a.get("text") or "", b.get("text") or "", "character"
 
 
+def _pairs(ours: list[Any], theirs: list[Any], upto: int | None = None) -> list[tuple[float, float]]:
+    """The positions (up to index ``upto``) where both log-probability lists have a value."""
+    return [(x, y) for x, y in zip(ours[:upto], theirs[:upto]) if x is not None and y is not None]  # noqa: B905
+
+
 def _mean_drift(ours: list[Any], theirs: list[Any], upto: int | None = None) -> float | None:
     """The mean absolute difference of two log-probability lists (up to index ``upto``), None when unknown."""
-    pairs = [(x, y) for x, y in zip(ours, theirs) if x is not None and y is not None][:upto]  # noqa: B905
+    pairs = _pairs(ours, theirs, upto)
+    return round(sum(abs(x - y) for x, y in pairs) / len(pairs), 4) if pairs else None
+
+
+def kl_estimate(ours: list[Any], theirs: list[Any]) -> float | None:
+    """SGLang's KL estimate between two scorings of the same tokens (``sglang/test/kl_test_utils.py``):
+    mean(e^r - 1 - r), r = ours - theirs, >= 0 and 0 only when equal; None when nothing to compare.
+
+    >>> kl_estimate([-1.0, -2.0], [-1.0, -2.0]), round(kl_estimate([-1.1], [-1.0]), 5)
+    (0.0, 0.00484)
+    """
+    pairs = _pairs(ours, theirs)
     if not pairs:
         return None
-    return round(sum(abs(x - y) for x, y in pairs) / len(pairs), 4)
+    return round(sum(math.expm1(x - y) - (x - y) for x, y in pairs) / len(pairs), 6)
 
 
 def compare_golden(
@@ -140,13 +158,13 @@ def compare_golden(
     ref_seq, our_seq, unit = _sequences(reference, output)
     first = _first_difference(ref_seq, our_seq)
     row: dict[str, Any] = {"same": first is None, "first_divergence": first, "unit": unit}
-    if rescored and reference.get("logprobs"):
-        drift = _mean_drift(rescored["logprobs"], reference["logprobs"])
-        row["drift"] = drift
+    if rescored and reference.get("rescored_logprobs"):
+        kl = kl_estimate(rescored["logprobs"], reference["rescored_logprobs"])
+        row.update(kl=kl, drift=_mean_drift(rescored["logprobs"], reference["rescored_logprobs"]))
         if first is not None and unit == "token" and first < len(rescored["logprobs"]):
             top, got = rescored["top"][first], rescored["logprobs"][first]
             row["margin_at_divergence"] = None if top is None or got is None else round(top - got, 4)
-        within = drift is not None and drift <= cfg.max_logprob_drift
+        within = kl is not None and kl <= cfg.max_rescore_kl
         margin = row.get("margin_at_divergence")
         row["near_tie"] = first is not None and within and margin is not None and margin <= cfg.tie_margin
         row["ok"] = within and (first is None or row["near_tie"])
@@ -155,28 +173,47 @@ def compare_golden(
     return row
 
 
+def _parting(earlier: dict[str, Any], later: dict[str, Any], cfg: GateConfig) -> dict[str, Any]:
+    """Where ``later`` parts from ``earlier`` (None: it does not) and whether at a near-tie: the earlier
+    one's margin there within ``tie_margin``, the later one's token the earlier one's runner-up, and
+    the log-probabilities before it within ``max_logprob_drift``."""
+    a, b, unit = _sequences(earlier, later)
+    at = _first_difference(a, b)
+    out: dict[str, Any] = {"at": at, "unit": unit, "near_tie": False}
+    if at is None or unit != "token" or not earlier.get("margins") or not later.get("logprobs"):
+        return out
+    margins, runners = earlier["margins"], earlier.get("runners_up") or []
+    margin = margins[at] if at < len(margins) else None
+    runner_up = runners[at] if at < len(runners) else None
+    token = later["token_ids"][at] if at < len(later["token_ids"]) else None
+    drift = _mean_drift(later["logprobs"], earlier.get("logprobs") or [], at)
+    out.update(margin=margin, drift=drift, runner_up=runner_up == token)
+    out["near_tie"] = (
+        margin is not None
+        and margin <= cfg.tie_margin
+        and runner_up == token
+        and (drift or 0.0) <= cfg.max_logprob_drift
+    )
+    return out
+
+
 def _consistency_row(item: dict[str, Any], cfg: GateConfig) -> dict[str, Any]:
-    """Miss, hit and repeat of one prompt: the repeat must equal the hit; the hit the miss, or part at a near-tie."""
-    miss, hit, again = item["miss"], item["hit"], item["repeat"]
-    a, b, unit = _sequences(hit, again)
-    repeat_at = _first_difference(a, b)
-    a, b, unit = _sequences(miss, hit)
-    hit_at = _first_difference(a, b)
+    """Miss, hit and repeat of one prompt: the hit must give the miss's tokens and the repeat the hit's,
+    or part from them at a near-tie (:func:`_parting`)."""
+    hit = _parting(item["miss"], item["hit"], cfg)
+    again = _parting(item["hit"], item["repeat"], cfg)
     row: dict[str, Any] = {
         "id": item["id"],
-        "unit": unit,
-        "hit_differs_at": hit_at,
-        "repeat_differs_at": repeat_at,
-        "cached_tokens": hit.get("cached_tokens"),
+        "unit": hit["unit"],
+        "hit_differs_at": hit["at"],
+        "repeat_differs_at": again["at"],
+        "cached_tokens": item["hit"].get("cached_tokens"),
+        "near_tie": hit["near_tie"],
+        "repeat_near_tie": again["near_tie"],
     }
-    near_tie = False
-    if hit_at is not None and unit == "token" and miss.get("margins") and hit.get("logprobs"):
-        margin = miss["margins"][hit_at] if hit_at < len(miss["margins"]) else None
-        drift = _mean_drift(hit["logprobs"], miss["logprobs"] or [], hit_at)
-        row.update(margin_at_divergence=margin, drift=drift)
-        near_tie = margin is not None and margin <= cfg.tie_margin and (drift or 0.0) <= cfg.max_logprob_drift
-    row["near_tie"] = near_tie
-    row["ok"] = repeat_at is None and (hit_at is None or near_tie)
+    if hit["at"] is not None:
+        row.update(margin_at_divergence=hit.get("margin"), drift=hit.get("drift"), runner_up=hit.get("runner_up"))
+    row["ok"] = (hit["at"] is None or hit["near_tie"]) and (again["at"] is None or again["near_tie"])
     return row
 
 
@@ -205,6 +242,19 @@ def judge_correctness(
         f"if the change of outputs is intended, deploy again with {ACCEPT_VARIABLE}=true "
         "(the new outputs then become the golden ones)"
     )
+
+    if golden_ref and not all(value.get("rescored_logprobs") for value in (golden_ref.get("golden") or {}).values()):
+        notes.append(
+            "the last-known-good's record holds no re-score of its own golden tokens (an older version wrote it): "
+            "its golden outputs must be the same token for token, and this gate's record replaces it"
+        )
+    zero = _all_zero_logprobs(result)
+    if zero:
+        checks.append({"name": "logprobs_computed", "value": zero, "op": "==", "limit": 0, "ok": False})
+        reasons.append(
+            f"every log-probability of the {zero} golden tokens is 0: the engine fills the field without computing "
+            "it, so near-ties and re-scores cannot be judged"
+        )
 
     if golden_ref:
         rows = []
@@ -239,24 +289,21 @@ def judge_correctness(
         ok = all(row["ok"] for row in rows)
         checks.append({"name": "consistency", "value": sum(1 for r in rows if r["ok"]), "op": "==",
                        "limit": len(rows), "ok": ok, "prompts": rows})  # fmt: skip
-        flaky = [row for row in rows if row["repeat_differs_at"] is not None]
-        moved = [row for row in rows if row["repeat_differs_at"] is None and not row["ok"]]
+        flaky = [row for row in rows if row["repeat_differs_at"] is not None and not row["repeat_near_tie"]]
+        moved = [row for row in rows if row["hit_differs_at"] is not None and not row["near_tie"]]
         if flaky:
             reasons.append(
                 "greedy decoding is not deterministic: asked again in the same cache state, "
-                f"{_where(flaky, 'repeat_differs_at')} gave other output"
+                f"{_where(flaky, 'repeat_differs_at')} gave other output, not at a near-tie "
+                f"(tie_margin {cfg.tie_margin:g})"
             )
         if moved:
             reasons.append(
                 f"a cache hit changed the output ({_where(moved, 'hit_differs_at')}), not at a near-tie "
-                f"(tie_margin {cfg.tie_margin:g}): the prefix cache serves other state than a miss computes"
+                f"(tie_margin {cfg.tie_margin:g}, the miss's runner-up): the prefix cache serves other state than a "
+                "miss computes"
             )
-        if not (result.get("features") or {}).get("prefix_cache"):
-            notes.append(
-                f"engine {result.get('engine')} has no prefix cache: the consistency check asks each prompt 3 times"
-            )
-        elif all(not row.get("cached_tokens") for row in rows):
-            notes.append("the server reported no cached tokens for the consistency prompts: no cache hit was checked")
+        _judge_cache(result, rows, cfg, checks, reasons, notes)
 
     ev = result.get("eval") or {}
     score, correct, count = ev.get("score"), ev.get("correct") or 0, ev.get("count") or 0
@@ -269,24 +316,75 @@ def judge_correctness(
                 f"eval score {score:.2f} ({correct} of {count}) is below min_eval_score {cfg.min_eval_score:g}"
             )
     ref_eval = (score_ref or {}).get("eval") or {}
-    if score is not None and ref_eval.get("score") is not None and cfg.eval_margin_pct > 0:
-        lower = round(wilson_lower(correct, count, cfg.eval_confidence), 4)
-        needed = round(ref_eval["score"] * (1 - cfg.eval_margin_pct / 100.0), 4)
-        ok = lower >= needed
-        check = {"name": "eval_score_vs_last_known_good", "value": score, "wilson_lower": lower,
-                 "confidence": cfg.eval_confidence, "baseline": ref_eval["score"], "op": ">=", "limit": needed,
-                 "ok": ok}  # fmt: skip
-        if not ok and accepted:
+    if score is not None and ref_eval.get("correct") is not None and cfg.eval_margin_pct > 0:
+        check, reason = _eval_against_reference(ev, ref_eval, cfg)
+        if reason and accepted:
             check.update(ok=True, accepted=True)
             notes.append(f"eval score below the last-known-good's on purpose ({ACCEPT_VARIABLE})")
-        elif not ok:
-            reasons.append(
-                f"eval score {score:.2f} ({correct} of {count}; Wilson lower bound {lower:.2f} at "
-                f"{cfg.eval_confidence:g}) is below the last-known-good's {ref_eval['score']:.2f} less "
-                f"eval_margin_pct {cfg.eval_margin_pct:g} ({needed:.2f}): {how_to_accept}"
-            )
+        elif reason:
+            reasons.append(f"{reason}: {how_to_accept}")
         checks.append(check)
     return checks, reasons, notes
+
+
+def _all_zero_logprobs(result: dict[str, Any]) -> int:
+    """The number of golden tokens when the engine gave log-probabilities and every one is 0, else 0."""
+    values = [v for out in (result.get("golden") or {}).values() for v in out.get("logprobs") or []]
+    return len(values) if values and all(v == 0 for v in values) else 0
+
+
+def _judge_cache(
+    result: dict[str, Any], rows: list[dict[str, Any]], cfg: GateConfig,
+    checks: list[dict[str, Any]], reasons: list[str], notes: list[str],
+) -> None:  # fmt: skip
+    """Whether a cache hit was checked at all: on an engine with a prefix cache, the flushes must have
+    worked and the hits served cached tokens; else a failure, or a note when ``require_cache_hit`` is off."""
+    if not (result.get("features") or {}).get("prefix_cache"):
+        notes.append(
+            f"engine {result.get('engine')} has no prefix cache: the consistency check asks each prompt 3 times"
+        )
+        return
+    problems = list(result.get("flush_problems") or [])
+    if all(not row.get("cached_tokens") for row in rows):
+        problems.append("the server reported no cached tokens for the consistency prompts' hits")
+    checks.append({"name": "cache_hit_checked", "value": not problems, "op": "==", "limit": True,
+                   "ok": not problems or not cfg.require_cache_hit})  # fmt: skip
+    if not problems:
+        return
+    said = "; ".join(problems) + ": no cache hit was checked against a miss"
+    if cfg.require_cache_hit:
+        reasons.append(f"{said} (if this engine runs without a prefix cache on purpose, set {CACHE_VARIABLE}=false)")
+    else:
+        notes.append(f"{said} ({CACHE_VARIABLE} is false)")
+
+
+def _eval_against_reference(
+    ev: dict[str, Any], ref_eval: dict[str, Any], cfg: GateConfig
+) -> tuple[dict[str, Any], str | None]:
+    """The eval against the last-known-good's (:mod:`.eval_compare`): the check, and the reason when refused."""
+    answers = ref_eval.get("answers")
+    paired = isinstance(answers, dict) and bool(answers)
+    if paired:
+        worse, better, questions = paired_counts(answers, ev.get("items") or [])
+    else:
+        worse, better, questions = counts_from_totals(int(ref_eval["correct"]), int(ev.get("correct") or 0),
+                                                      int(ev.get("count") or 0))  # fmt: skip
+    p_value = sign_test_p(worse, better)
+    drop = round((worse - better) / questions, 4) if questions else 0.0
+    ok = not refuses(worse, better, questions, cfg.eval_margin_pct, cfg.eval_confidence)
+    check = {"name": "eval_score_vs_last_known_good", "value": ev.get("score"), "baseline": ref_eval.get("score"),
+             "paired": paired, "questions": questions, "worse": worse, "better": better, "drop": drop,
+             "p_value": round(p_value, 6), "confidence": cfg.eval_confidence, "op": "not refused",
+             "limit": round(cfg.eval_margin_pct / 100.0, 4), "ok": ok}  # fmt: skip
+    if ok:
+        return check, None
+    how = "question by question" if paired else "from the totals (the record predates its answers)"
+    return check, (
+        f"eval: {worse} questions the last-known-good answered right are wrong now and {better} the other way "
+        f"round ({how}; {ev.get('correct')} against {ref_eval.get('correct')} of {questions}): a drop of "
+        f"{drop * 100:.1f} points, more than eval_margin_pct {cfg.eval_margin_pct:g}, and confidently worse "
+        f"(one-sided sign test p = {p_value:.4f} <= {1 - cfg.eval_confidence:.2f})"
+    )
 
 
 def next_record(
@@ -294,11 +392,14 @@ def next_record(
 ) -> dict[str, Any] | None:
     """The correctness record the last-known-good keeps once a gate passed: the ``kept`` one while it
     holds this probe set's outputs of this model revision (the reference does not move with each
-    engine or flag kept), unless the change of outputs was ``accepted``; else this gate's (``new``)."""
+    engine or flag kept), unless the change of outputs was ``accepted`` or it is of an older
+    :data:`RECORD_SCHEMA` (without answers and re-scores: the gate that passed against it holds them);
+    else this gate's (``new``)."""
     if new is None:
         return kept or None
     same = (
         bool(kept)
+        and kept.get("schema") == RECORD_SCHEMA
         and (kept.get("probe") or {}).get("digest") == (new.get("probe") or {}).get("digest")
         and kept.get("model_revision") == new.get("model_revision")
     )

@@ -11,10 +11,12 @@
 3. **Consistency**: each consistency item asked as a miss (after a flush; without a prefix cache
    the golden pass's answer is one), then again (now a cache hit) and once more (a repeat in the
    same cache state).
-4. **Re-scoring** (SGLang only, with a reference from the last-known-good that holds token ids):
-   the reference's own tokens fed back to this server (teacher forcing, ``/generate`` with
-   ``return_logprob`` from the last prompt token), so that each reference token's log-probability
-   under this server can be compared with the one it had when it was recorded.
+4. **Re-scoring** (SGLang only): the reference's tokens, where the last-known-good holds them, fed
+   back to this server (teacher forcing, ``/generate`` with ``return_logprob`` from the last prompt
+   token), and this server's own golden tokens the same way. The record keeps the second, so that a
+   later gate compares the reference's re-score with its own re-score of the same tokens: both
+   prefill, the same kernel path (decode-time log-probabilities, recorded in a batch and with
+   speculative decoding, come from another).
 5. **Eval**: the probe set's generated questions as chat completions (``concurrency`` at a time:
    the gate's ``eval_concurrency``), each reply's first integer against the exact answer.
 
@@ -63,7 +65,8 @@ def _rounded(values: list[Any]) -> list[float | None]:
 class Completion(dict):
     """One greedy completion: ``text``, and where the engine tells them ``token_ids``, ``logprobs``
     (of each chosen token), ``margins`` (top-1 minus top-2 log-probability at each step: how near
-    a tie the choice was) and ``cached_tokens`` (prompt tokens the prefix cache served)."""
+    a tie the choice was), ``runners_up`` (the top-2 token at each step: what a near-tie flips to)
+    and ``cached_tokens`` (prompt tokens the prefix cache served)."""
 
 
 class EngineCalls:
@@ -163,24 +166,28 @@ class SGLangCalls(EngineCalls):
         chosen = meta.get("output_token_logprobs") or []
         token_ids = answer.get("output_ids") or [entry[1] for entry in chosen]
         tops = meta.get("output_top_logprobs") or []
-        margins = [
-            round(float(top[0][0]) - float(top[1][0]), LOGPROB_DIGITS)
-            if isinstance(top, list) and len(top) >= 2 and top[0][0] is not None and top[1][0] is not None
-            else None
-            for top in tops
-        ]
+        # An answer without its tokens would compare [] with [] and pass on texts never compared.
+        if not token_ids or len(chosen) != len(token_ids):
+            raise RequestError(
+                f"{what}: POST /generate answered {len(token_ids)} token ids and {len(chosen)} log-probabilities "
+                f"for {max_tokens} tokens asked: the server speaks SGLang's API but its outputs cannot be compared"
+            )
+        pairs = [top if isinstance(top, list) and len(top) >= 2 and None not in (top[0][0], top[1][0]) else None
+                 for top in tops]  # fmt: skip
         return Completion(
             text=str(answer.get("text", "")),
             token_ids=[int(t) for t in token_ids],
             logprobs=_rounded([entry[0] for entry in chosen]),
-            margins=margins,
+            margins=[None if p is None else round(float(p[0][0]) - float(p[1][0]), LOGPROB_DIGITS) for p in pairs],
+            runners_up=[None if p is None or p[1][1] is None else int(p[1][1]) for p in pairs],
             cached_tokens=meta.get("cached_tokens"),
         )
 
     def rescore(self, prompt: str, token_ids: list[int], what: str) -> dict[str, Any] | None:
         """Teacher forcing: ``/generate`` on prompt + ``token_ids`` with ``logprob_start_len`` at the
         prompt's last token. SGLang gives that first position no log-probability (None) and then one
-        per later input token, so the entries after the first line up with ``token_ids``."""
+        per later input token, so the entries after the first line up with ``token_ids``; an answer
+        whose entries do not (none, or other tokens) raises :class:`RequestError`."""
         ids = self.tokenize(prompt, what)
         payload = {
             "input_ids": ids + list(token_ids),
@@ -193,7 +200,10 @@ class SGLangCalls(EngineCalls):
         entries = (meta.get("input_token_logprobs") or [])[1:]
         tops = (meta.get("input_top_logprobs") or [])[1:]
         if [int(e[1]) for e in entries[: len(token_ids)]] != list(token_ids) or len(tops) < len(token_ids):
-            return None
+            raise RequestError(
+                f"{what}: POST /generate answered {len(entries)} input log-probabilities whose token ids are not the "
+                f"{len(token_ids)} tokens re-scored: the re-score cannot be lined up with the tokens"
+            )
         return {
             "logprobs": _rounded([e[0] for e in entries[: len(token_ids)]]),
             "top": _rounded([top[0][0] if top else None for top in tops[: len(token_ids)]]),
@@ -306,9 +316,10 @@ def run_probe(
         "max_tokens": max_tokens,
         "notes": [],
     }
+    result["flush_problems"] = []
     note = monitor.call(calls.flush)
     if note:
-        result["notes"].append(note)
+        result["flush_problems"].append(note)
     golden_ref = (reference or {}).get("golden") or {}
     outputs: dict[str, Completion] = {}
     prompts: dict[str, str] = {}
@@ -331,24 +342,31 @@ def run_probe(
         miss = outputs[name]
         if calls.features["prefix_cache"]:
             note = monitor.call(calls.flush)
-            if note and note not in result["notes"]:
-                result["notes"].append(note)
+            if note and note not in result["flush_problems"]:
+                result["flush_problems"].append(note)
             miss = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (cache miss)")
         hit = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (cache hit)")
         again = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (repeat)")
         consistency.append({"id": name, "miss": dict(miss), "hit": dict(hit), "repeat": dict(again)})
     result["consistency"] = consistency
 
+    # Re-scoring: the reference's tokens under this server, and this server's own tokens (the record
+    # keeps those, so that a later gate compares a re-score with a re-score: one kernel path, not two).
     rescored: dict[str, Any] = {}
-    if calls.features["rescore"] and golden_ref:
+    own: dict[str, Any] = {}
+    if calls.features["rescore"]:
         for key, value in golden_ref.items():
             if key in prompts and value.get("token_ids"):
-                scored = monitor.call(calls.rescore, prompts[key], value["token_ids"], f"re-score {key}")
-                if scored is None:
-                    result["notes"].append(f"re-scoring {key}: the server's input log-probabilities did not line up")
-                else:
-                    rescored[key] = scored
+                rescored[key] = monitor.call(calls.rescore, prompts[key], value["token_ids"], f"re-score {key}")
+        for key, value in outputs.items():
+            same = key in rescored and (golden_ref.get(key) or {}).get("token_ids") == value["token_ids"]
+            own[key] = (
+                rescored[key]
+                if same
+                else monitor.call(calls.rescore, prompts[key], value["token_ids"], f"re-score own {key}")
+            )
     result["rescored"] = rescored
+    result["self_rescored"] = own
 
     rows = _ask_eval(calls, probe, concurrency, monitor)
     right = sum(1 for row in rows if row["right"])

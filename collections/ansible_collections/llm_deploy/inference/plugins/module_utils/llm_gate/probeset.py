@@ -102,10 +102,54 @@ def _family_item(family: dict[str, Any], rng: SplitMix64) -> tuple[dict[str, Any
         answer = a - b if gives else a + b
         template = family.get("give_prompt" if gives else "prompt")
         return {"name": name, "things": things, "a": a, "b": b, "template": template}, answer
-    raise GateUsageError(f"eval family {kind!r} is unknown (known: add, sub, mul, next, word)")
+    if kind == "steps":
+        return _steps_item(family, rng)
+    raise GateUsageError(f"eval family {kind!r} is unknown (known: {', '.join(FAMILIES)})")
 
 
-FAMILIES = ("add", "sub", "mul", "next", "word")
+FAMILIES = ("add", "sub", "mul", "next", "word", "steps")
+
+
+def _steps_item(family: dict[str, Any], rng: SplitMix64) -> tuple[dict[str, Any], int]:
+    """A word problem of two or three steps with an exact whole answer (GSM8K-like, generated): one of
+    :data:`STEP_PROBLEMS`, drawn by ``rng``, its numbers drawn so that every step stays whole and positive."""
+    names = list(family.get("names") or NAMES)
+    first = rng.choice(names)
+    second = rng.choice([n for n in names if n != first])
+    things = rng.choice(family.get("things") or THINGS)
+    shape = rng.below(len(STEP_PROBLEMS))
+    a, b, c, d = rng.between(3, 19), rng.between(2, 9), rng.between(2, 9), rng.between(2, 19)
+    if shape == 0:  # packs bought, some given away
+        c = rng.between(1, a * b - 1)
+        answer = a * b - c
+    elif shape == 1:  # more than, then twice as many, all together
+        answer = a + (a + b) + 2 * (a + b)
+    elif shape == 2:  # boxes filled, shared equally
+        a = c * rng.between(2, 9)
+        answer = a * b // c
+    elif shape == 3:  # sold some, bought more (the price is a distractor)
+        b = rng.between(1, a - 1)
+        answer = a - b + d
+    else:  # two rates over two spans
+        answer = a * b + c * d
+    fields = {"name": first, "other": second, "things": things, "a": a, "b": b, "c": c, "d": d}
+    return {**fields, "template": STEP_PROBLEMS[shape]}, answer
+
+
+# The templates of the "steps" family, in the order _steps_item draws them (a family may not bring its own:
+# each template's arithmetic is in _steps_item).
+STEP_PROBLEMS = [
+    "{name} buys {a} packs of {things} with {b} {things} in each pack, then gives {c} {things} to {other}. "
+    "How many {things} does {name} have left?",
+    "{name} has {a} {things}. {other} has {b} more {things} than {name}, and Max has twice as many {things} as "
+    "{other}. How many {things} do the three of them have together?",
+    "A box holds {a} {things}. {name} fills {b} boxes and then shares all of the {things} equally among {c} "
+    "friends. How many {things} does each friend get?",
+    "{name} had {a} {things}, sold {b} of them to {other} for {c} dollars each, and then bought {d} more. "
+    "How many {things} does {name} have now?",
+    "{name} reads {a} pages a day for {b} days, then {c} pages a day for {d} days. How many pages does "
+    "{name} read in all?",
+]
 
 
 def eval_items(spec: dict[str, Any], seed_offset: int = 0) -> list[dict[str, Any]]:
@@ -205,8 +249,10 @@ def _problems(data: Any) -> list[str]:
         for n, family in enumerate(spec["families"]):
             if not isinstance(family, dict) or family.get("family") not in FAMILIES:
                 problems.append(f"eval.families[{n}].family must be one of {', '.join(FAMILIES)}")
-            elif not isinstance(family.get("count"), int) or family["count"] < 1 or not family.get("prompt"):
-                problems.append(f"eval.families[{n}] needs a count of at least 1 and a prompt template")
+            elif not isinstance(family.get("count"), int) or family["count"] < 1:
+                problems.append(f"eval.families[{n}] needs a count of at least 1")
+            elif not family.get("prompt") and family["family"] != "steps":
+                problems.append(f"eval.families[{n}] needs a prompt template (only steps brings its own)")
     return problems
 
 

@@ -28,7 +28,7 @@ GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
 # new lock or a new base image bakes a new image.
 export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)-$(shell tools/build-base-image --id)
 
-.PHONY: help demo test test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down prometheus \
+.PHONY: help demo test quick test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down prometheus \
         sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean tiny-model-train
 
 help: ## list the targets
@@ -187,6 +187,13 @@ pytest: setup tools-venv gateway-venv sglang-check-venv model ## unit and integr
 # builds and checks the versions tools/build-sglang-check-venv builds by default (0.5.11, 0.5.17).
 sglang-check-venv: $(VENV)/.installed ## controller-side venvs with real SGLang 0.5.11 and 0.5.17 for their own parsers (tests/launch_plan)
 	DEPLOY_CACHE_DIR=$(CACHE) tools/build-sglang-check-venv
+
+# The fast inner loop between full runs (README): lint the files that changed since BASE (default
+# HEAD: the work tree's changes) and run the test files that name them (tools/quick-tests --list says
+# which, and why). Not a substitute for make test: molecule scenarios are named, not run.
+BASE ?= HEAD
+quick: $(VENV)/.installed ## lint what changed since BASE (default HEAD) and run the tests that cover it
+	$(VENV)/bin/python tools/quick-tests --base $(BASE) --workers $(PYTEST_WORKERS)
 
 # The newest SGLang (0.5.23): its check venv and its tests (pytest marker sglang_newest), which
 # make pytest deselects. Not part of make test.

@@ -65,11 +65,19 @@ def test_a_venv_built_under_umask_077_can_be_run_by_the_service_account(
     for name, value in offline_pip_env().items():
         monkeypatch.setenv(name, value)
     (base / "controller" / "play").mkdir()
+    # Root proves the venv with python -c, which puts the current directory first on sys.path: a
+    # module of the engine's name planted there must not be what it imports (issue 51, item 6).
+    marker = base / "planted-module-ran"
+    (base / "controller" / "play" / "u44demo.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(base / "controller" / "play")
     run = run_role_tasks(
         base / "controller" / "play", variables, ["pip.yml"], check_mode=False, role="ml_env", umask=0o077
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert (venv / "lib").exists() and closed_to_others(venv) == []
+    assert not marker.exists(), "the import proof imported the current directory's module"
     as_nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", str(venv / "bin" / "python")]
-    ran = subprocess.run([*as_nobody, "-c", "import sys, u44demo; print(sys.prefix)"], capture_output=True, text=True)
+    ran = subprocess.run(
+        [*as_nobody, "-c", "import sys, u44demo; print(sys.prefix)"], capture_output=True, text=True, cwd="/"
+    )
     assert ran.returncode == 0 and ran.stdout.strip() == str(venv), ran.stderr

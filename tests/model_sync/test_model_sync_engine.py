@@ -560,3 +560,22 @@ def test_hub_helper_runs_as_its_source_and_does_nothing_on_import():
         text=True,
     )
     assert proc.returncode == 1 and "huggingface_hub" in proc.stderr.splitlines()[-1]
+
+
+def test_the_hub_helper_imports_nothing_from_the_current_directory(tmp_path, monkeypatch):
+    """Root runs the helper with python -c, which puts the current directory first on sys.path: a
+    huggingface_hub planted there by whoever can write it must not be imported (issue 51, item 6)."""
+    planted = tmp_path / "cwd" / "huggingface_hub"
+    planted.mkdir(parents=True)
+    marker = tmp_path / "ran-as-root"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.chdir(planted.parent)
+    eng = type(
+        "Eng",
+        (),
+        {"hub_python": sys.executable, "hf_token": None, "hub_endpoint": "http://127.0.0.1:9", "workers": 1,
+         "source": {"repo_id": "a/b", "revision": "main"}, "incoming": str(tmp_path / "incoming")},
+    )()  # fmt: skip
+    with pytest.raises(SyncError):
+        fetch_hub.run_hub_helper(eng, "info")
+    assert not marker.exists(), "the helper imported the current directory's huggingface_hub"

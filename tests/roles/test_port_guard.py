@@ -85,6 +85,29 @@ def test_a_foreign_holder_is_named_and_left_alone(holder, family):
     assert proc.poll() is None, "a process of another owner must never be stopped"
 
 
+def test_a_holders_secret_flags_never_reach_the_refusal_or_the_facts(tmp_path):
+    """A server run by hand with its key on the command line holds the port: the guard's refusal (the
+    journal) and the preflight's port owner (a module result) name it with the key's value masked."""
+    port = free_port()
+    (tmp_path / "serve.py").write_text(LISTEN)
+    keys = ["--api-key", "s3cret-K", "--admin-api-key=s3cret-A"]
+    argv = [sys.executable, str(tmp_path / "serve.py"), str(port), "4", *keys]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "listening"
+        out = subprocess.run([sys.executable, *GUARD, str(port), "inference-server"], capture_output=True, text=True)
+        assert out.returncode == 1 and f"pid {proc.pid}" in out.stderr
+        assert "s3cret" not in out.stderr and "--api-key *** --admin-api-key=***" in out.stderr
+        from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import facts
+
+        owner = facts.port_owner(port)
+        assert owner["pid"] == proc.pid and "s3cret" not in owner["command"]
+        assert owner["command"].endswith("--api-key *** --admin-api-key=***")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_left_over_of_our_unit_is_stopped_and_the_start_goes_on(holder, monkeypatch, capsys):
     proc, port = holder()
     monkeypatch.setattr(guard, "unit_of", lambda pid: "inference-server.service" if pid == proc.pid else None)

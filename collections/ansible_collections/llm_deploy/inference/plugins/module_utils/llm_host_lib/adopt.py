@@ -42,9 +42,8 @@ import sys
 import time
 
 from .guard import USAGE
-from .proc import group_of, holders, holds, listening, stat_fields, unit_of, user_of
+from .proc import SECRET_NAME, group_of, holders, holds, listening, mask_argv, stat_fields, unit_of, user_of
 
-SECRET_NAME = re.compile(r"(?i)(token|secret|passw|key|credential|auth|cookie|session)")
 # Set by systemd for each unit (or by a login): restoring them would lie about the new unit.
 UNIT_ENV = {
     "INVOCATION_ID",
@@ -203,24 +202,6 @@ def env_file_line(name: str, value: str) -> str:
     """``NAME="value"`` as systemd's EnvironmentFile parser reads it back."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("`", "\\`")
     return f'{name}="{escaped}"'
-
-
-def mask_argv(argv: list[str]) -> list[str]:
-    """The argv with the values of flags that look like secrets (--api-key X, --token=X) as ***."""
-    shown, hide_next = [], False
-    for arg in argv:
-        if hide_next:
-            shown.append("***")
-            hide_next = False
-        elif arg.startswith("-") and SECRET_NAME.search(arg.split("=", 1)[0]):
-            if "=" in arg:
-                shown.append(arg.split("=", 1)[0] + "=***")
-            else:
-                shown.append(arg)
-                hide_next = True
-        else:
-            shown.append(arg)
-    return shown
 
 
 def masked(found: dict[str, object]) -> dict[str, object]:

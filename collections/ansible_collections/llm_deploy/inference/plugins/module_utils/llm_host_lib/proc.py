@@ -52,10 +52,35 @@ def holders(inodes: Iterable[str]) -> list[int]:
     return sorted(int(pid) for pid in filter(str.isdigit, os.listdir("/proc")) if holds(pid, inodes))
 
 
+# A flag or variable name that looks like it holds a secret (--api-key, --hf-token=, MY_PASSWORD).
+SECRET_NAME = re.compile(r"(?i)(token|secret|passw|key|credential|auth|cookie|session)")
+
+
+def mask_argv(argv: list[str]) -> list[str]:
+    """The argv with the values of flags that look like secrets (--api-key X, --token=X) as ***."""
+    shown, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            shown.append("***")
+            hide_next = False
+        elif arg.startswith("-") and SECRET_NAME.search(arg.split("=", 1)[0]):
+            if "=" in arg:
+                shown.append(arg.split("=", 1)[0] + "=***")
+            else:
+                shown.append(arg)
+                hide_next = True
+        else:
+            shown.append(arg)
+    return shown
+
+
 def cmdline(pid: int) -> str:
-    """The command line of a process, its arguments joined by spaces (OSError when it is gone)."""
+    """The command line of a process, its arguments joined by spaces, the values of secret-looking
+    flags masked (:func:`mask_argv`): what may be shown, in a result, a refusal or the journal
+    (OSError when it is gone)."""
     with open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        argv = handle.read().decode(errors="replace").split("\0")
+    return " ".join(mask_argv([arg for arg in argv if arg])).strip()
 
 
 def command(pid: int) -> str:

@@ -41,7 +41,9 @@ def run_hub_helper(eng: EngineBase, mode: str) -> str:
         env["HF_ENDPOINT"] = eng.hub_endpoint
     src = eng.source
     revision = str(src.get("revision") or "main")
-    argv = [python, "-c", helper_source(), mode, src["repo_id"], revision, eng.incoming, str(eng.workers)]
+    # -I: root runs it, so nothing from the current directory (first on sys.path for -c), PYTHON*
+    # variables or a user's site-packages may be imported in place of huggingface_hub.
+    argv = [python, "-I", "-c", helper_source(), mode, src["repo_id"], revision, eng.incoming, str(eng.workers)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no error output"]

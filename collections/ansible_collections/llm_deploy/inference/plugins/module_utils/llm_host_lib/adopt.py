@@ -250,6 +250,28 @@ def record(port: int, unit: str, directory: str) -> dict[str, object]:
     return dict(masked(dict(found, env=env)), changed=changed)
 
 
+def logged_as_the_user(argv: list[str], stdout: str | None, stderr: str | None) -> list[str]:
+    """``argv`` with its output appended to the by-hand server's log files, opened by the server's own
+    user: a shell that systemd-run starts as that user opens them, then execs the server (its pid and
+    argv stay the server's). systemd's ``StandardOutput=append:`` would open them as root, following
+    a link the user put there (onto a root-owned file). A file the user cannot open for appending is
+    left alone, and the output goes to the journal instead."""
+    if stdout and stderr == stdout:
+        paths, names, redirect = [stdout], ["f"], '>>"$f" 2>&1'
+    elif stdout and stderr:
+        paths, names, redirect = [stdout, stderr], ["o", "e"], '>>"$o" 2>>"$e"'
+    elif stdout or stderr:
+        paths, names, redirect = [stdout or stderr], ["f"], '>>"$f"' if stdout else '2>>"$f"'
+    else:
+        return list(argv)
+    count = len(paths)
+    # A subshell: a redirection that fails on ':' (a special built-in) ends the shell that runs it.
+    opens = " && ".join(f'( : >>"${n}" ) 2>/dev/null' for n in range(1, count + 1))
+    keep = " ".join(f"{name}=${n};" for n, name in enumerate(names, 1))
+    script = f'if {opens}; then {keep} shift {count}; exec "$@" {redirect}; fi; shift {count}; exec "$@"'
+    return ["/bin/sh", "-c", script, "by-hand-server", *paths, *argv]
+
+
 def restore(directory: str, unit: str, venv_link: str) -> dict[str, object]:
     """Put the hand-built venv back at its path and start the server by hand again, if it is gone.
 
@@ -288,10 +310,8 @@ def restore(directory: str, unit: str, venv_link: str) -> dict[str, object]:
         f"--property=EnvironmentFile={os.path.join(directory, 'by-hand.env')}",
         f"--description=LLM server started by hand, restored by llm-deploy (port {state['port']})",
     ]
-    for fd, key in ((1, "stdout"), (2, "stderr")):
-        if state.get(key):
-            argv.append(f"--property=Standard{'Output' if fd == 1 else 'Error'}=append:{state[key]}")
-    run = subprocess.run(argv + ["--"] + state["argv"], capture_output=True, text=True, check=False)
+    command = logged_as_the_user(state["argv"], state.get("stdout"), state.get("stderr"))
+    run = subprocess.run(argv + ["--"] + command, capture_output=True, text=True, check=False)
     if run.returncode != 0:
         raise SystemExit(json.dumps({"failed": True, "msg": f"systemd-run failed: {run.stderr.strip()}"}))
     show = subprocess.run(

@@ -92,8 +92,9 @@ def test_molecule_lanes_run_scenarios_at_once_and_time_their_actions(stages: Pat
     assert alpha["rc"] == 0 and broken["rc"] == 4
     assert [a["action"] for a in alpha["actions"]] == ["create", "converge", "destroy"]
     assert all(a["seconds"] >= 0.5 for a in alpha["actions"][:2])
-    # Two lanes: the second scenario started before the first ended.
+    # Two lanes: the second scenario started before the first ended, each in a lane of its own.
     assert max(alpha["start"], broken["start"]) < min(alpha["end"], broken["end"])
+    assert {alpha["lane"], broken["lane"]} == {"lane 1", "lane 2"}
     assert (stages.parent / "molecule-broken.log").read_text().endswith("fatal: the last words of broken\n")
 
 
@@ -218,3 +219,28 @@ def test_the_beside_cgroup_is_made_at_the_lowest_weight_or_not_at_all(tmp_path: 
     assert (tmp_path / test_stages.BESIDE_CGROUP / "cpu.weight").read_text() == "1"
     assert not missing.exists()
     assert test_stages.beside_cgroup(((missing, "cpu.shares", "2"),)) is None
+
+
+def test_a_run_notes_the_machine_at_its_start_and_end_and_each_stages_lane(stages: Path, tmp_path: Path) -> None:
+    """Runs on machines 1.5x apart are compared through the load average and a yardstick (a fixed
+    workload timed at the start and at the end of the same run), kept with the run."""
+    assert _tool("start").returncode == 0
+    assert test_stages.read_stages(stages) == []
+    started = test_stages.read_machine(stages)
+    assert list(started) == ["start"]
+    assert len(started["start"]["load_avg"]) == 3 and started["start"]["yardstick_s"] > 0
+    with stages.open("a") as handle:
+        handle.write(json.dumps(_stage("pytest", 40, started["start"]["at"] + 1, lane="beside")) + "\n")
+        handle.write(json.dumps(_stage("molecule fleet", 30, started["start"]["at"] + 2, lane="lane 1")) + "\n")
+    record = tmp_path / "times.json"
+    out = _tool("report", "--record", str(record))
+    assert out.returncode == 0, out.stderr
+    run = json.loads(record.read_text())["runs"][-1]
+    assert set(run["yardstick_s"]) == set(run["load_avg"]) == {"start", "end"}
+    assert all(value > 0 for value in run["yardstick_s"].values())
+    assert [(s["name"], s["lane"], s["start_s"]) for s in run["stages"]] == [
+        ("pytest", "beside", 0.0),
+        ("molecule fleet", "lane 1", 1.0),
+    ]
+    assert "machine at the start: load " in out.stdout and "machine at the end: load " in out.stdout
+    assert "lane 1" in out.stdout

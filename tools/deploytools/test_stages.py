@@ -30,7 +30,12 @@ Where no cgroup can be made (not root, a read-only hierarchy), the job runs at n
 and the console says so. Its output goes to
 ``artifacts/make-test/NAME.log`` and its last lines to the console; its failure fails the run.
 
-``report`` prints the table (stages, then each scenario's actions) and ends with one line
+``start`` and ``report`` also note the machine (a ``machine`` record, no stage): its load average
+and a **yardstick**, the seconds one core takes for a fixed small workload (:func:`yardstick`,
+the best of three), so that runs on machines 1.5x apart can be compared: a run's stages divided
+by its yardstick are in "yardsticks", comparable across machines as far as the work is CPU-bound.
+
+``report`` prints the table (stages with the lane each ran in, then each scenario's actions) and ends with one line
 that compares the run's wall time with the budget and names the three slowest stages; it is
 a warning, never a failure (machines differ). ``--record FILE`` appends the run to FILE's
 ``runs`` list (``bench/results/make_test_times.json`` is committed from a fresh clone).
@@ -43,6 +48,7 @@ all passed); ``report`` exits 0, or 2 when the run has no stages.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -92,6 +98,29 @@ def _now() -> float:
     return time.time()
 
 
+def yardstick(rounds: int = 3) -> float:
+    """The seconds one core takes for a fixed workload (integer arithmetic, then sha256 over 64 MiB,
+    the interpreter's own work as pytest's and Ansible's is), the best of ``rounds``."""
+    block = bytes(range(256)) * 4096
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        sum(i * i % 7 for i in range(6_000_000))
+        digest = hashlib.sha256()
+        for _ in range(64):
+            digest.update(block)
+        best = min(best, time.perf_counter() - started)
+    return round(best, 3)
+
+
+def note_machine(when: str) -> dict[str, Any]:
+    """Record the machine's load average and yardstick now (``when``: start or end) in the run's file."""
+    record_ = {"kind": "machine", "name": f"machine at {when}", "when": when, "at": _now(),
+               "load_avg": [round(x, 2) for x in os.getloadavg()], "yardstick_s": yardstick()}  # fmt: skip
+    _append(record_)
+    return record_
+
+
 def _append(record: dict[str, Any]) -> None:
     path = stages_file()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,12 +128,22 @@ def _append(record: dict[str, Any]) -> None:
         handle.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def read_stages(path: Path | None = None) -> list[dict[str, Any]]:
-    """Return the stages recorded so far, in the order they ended."""
+def read_records(path: Path | None = None) -> list[dict[str, Any]]:
+    """Return what the run's file holds so far: its stages, in the order they ended, and its machine notes."""
     path = path or stages_file()
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_stages(path: Path | None = None) -> list[dict[str, Any]]:
+    """Return the stages recorded so far, in the order they ended."""
+    return [r for r in read_records(path) if r.get("kind") != "machine"]
+
+
+def read_machine(path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The machine's notes of the run (:func:`note_machine`), by when (start, end): the last of each."""
+    return {r["when"]: r for r in read_records(path) if r.get("kind") == "machine"}
 
 
 @dataclass
@@ -198,6 +237,7 @@ class LaneJob:
     start: float = 0.0
     end: float = 0.0
     rc: int | None = None
+    lane: str = ""
 
     @classmethod
     def molecule(cls, scenario: str, log_dir: Path, stream: bool) -> LaneJob:
@@ -265,6 +305,8 @@ class LaneJob:
             "seconds": round(self.end - self.start, 1),
             "rc": self.rc,
         }
+        if self.lane:
+            record_["lane"] = self.lane
         if self.scenario:
             record_["actions"] = self.clock.summary()
         _append(record_)
@@ -334,22 +376,26 @@ def run_lanes(scenarios: Sequence[str], lanes: int, beside_jobs: Sequence[tuple[
     lock = threading.Lock()
 
     def run_beside(job: LaneJob) -> None:
+        job.lane = "beside"
         job.run(lock)
         with lock:
             done.append(job)
 
-    def lane() -> None:
+    def lane(number: int) -> None:
         while True:
             with lock:
                 if not queue:
                     return
                 job = queue.popleft()
+            job.lane = f"lane {number}"
             job.run(lock)
             with lock:
                 done.append(job)
 
     threads = [threading.Thread(target=run_beside, args=(job,), name=job.name) for job in beside]
-    threads += [threading.Thread(target=lane, name=f"lane-{i}") for i in range(lanes if order else 0)]
+    threads += [
+        threading.Thread(target=lane, args=(i + 1,), name=f"lane-{i + 1}") for i in range(lanes if order else 0)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -369,8 +415,12 @@ def _fmt(seconds: float) -> str:
     return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
 
 
-def build_run(stages: list[dict[str, Any]], label: str) -> dict[str, Any]:
-    """Return the run as recorded in make_test_times.json: wall time, each stage, the machine."""
+def build_run(
+    stages: list[dict[str, Any]], label: str, machine: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Return the run as recorded in make_test_times.json: wall time, each stage (its lane and its
+    start in the run), the machine (load average and yardstick at the start and at the end)."""
+    machine = machine or {}
     start = min(s["start"] for s in stages)
     end = max(s["end"] for s in stages)
     commit = subprocess.run(
@@ -382,10 +432,16 @@ def build_run(stages: list[dict[str, Any]], label: str) -> dict[str, Any]:
         "commit": commit or None,
         "cpus": os.cpu_count(),
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+        "load_avg": {when: m["load_avg"] for when, m in machine.items()},
+        "yardstick_s": {when: m["yardstick_s"] for when, m in machine.items()},
         "total_s": round(end - start, 1),
         "passed": all(s["rc"] == 0 for s in stages),
-        "stages": [{k: s[k] for k in ("name", "seconds", "rc", "actions") if k in s} for s in stages],
-    }
+        "stages": [
+            {**{k: s[k] for k in ("name", "seconds", "rc", "lane", "actions") if k in s},
+             "start_s": round(s["start"] - start, 1)}
+            for s in stages
+        ],
+    }  # fmt: skip
 
 
 def render(run: dict[str, Any], budget_s: float) -> str:
@@ -393,16 +449,23 @@ def render(run: dict[str, Any], budget_s: float) -> str:
     lines = [
         "",
         f"make test: where the time went ({run['date']}, {run['cpus']} CPUs, commit {run['commit']})",
-        f"{'stage':<34} {'time':>7} {'s':>7}  result",
+        f"{'stage':<34} {'time':>7} {'s':>7} {'from':>7}  {'lane':<8} result",
     ]
     for stage in run["stages"]:
         result = "ok" if stage["rc"] == 0 else f"FAILED ({stage['rc']})"
-        lines.append(f"{stage['name']:<34} {_fmt(stage['seconds']):>7} {stage['seconds']:>7.0f}  {result}")
+        lines.append(
+            f"{stage['name']:<34} {_fmt(stage['seconds']):>7} {stage['seconds']:>7.0f} "
+            f"{_fmt(stage.get('start_s', 0.0)):>7}  {stage.get('lane', ''):<8} {result}"
+        )
         for action in stage.get("actions", []):
             lines.append(f"  {action['action']:<32} {_fmt(action['seconds']):>7} {action['seconds']:>7.0f}")
     stage_sum = sum(s["seconds"] for s in run["stages"])
     lines.append(f"{'sum of stages':<34} {_fmt(stage_sum):>7} {stage_sum:>7.0f}  (more than wall when lanes overlap)")
     lines.append(f"{'wall':<34} {_fmt(run['total_s']):>7} {run['total_s']:>7.0f}")
+    for when in ("start", "end"):
+        if when in run.get("yardstick_s", {}):
+            load = "/".join(f"{x:g}" for x in run["load_avg"][when])
+            lines.append(f"machine at the {when}: load {load} (1, 5, 15 min), yardstick {run['yardstick_s'][when]} s")
     slowest = sorted(run["stages"], key=lambda s: -s["seconds"])[:3]
     named = ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in slowest)
     share = 100.0 * run["total_s"] / budget_s
@@ -431,10 +494,12 @@ def record(run: dict[str, Any], path: Path) -> None:
 
 def _report(args: argparse.Namespace, out: TextIO) -> int:
     stages = read_stages()
+    if stages:
+        note_machine("end")
     if not stages:
         print(f"test-stages: no stages recorded in {stages_file()}", file=sys.stderr)
         return 2
-    run = build_run(stages, args.label)
+    run = build_run(stages, args.label, read_machine())
     print(render(run, args.budget_s), file=out, flush=True)
     if args.record:
         record(run, Path(args.record))
@@ -470,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "start":
         stages_file().parent.mkdir(parents=True, exist_ok=True)
         stages_file().write_text("", encoding="utf-8")
+        note_machine("start")
         return 0
     if args.command == "run":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd

@@ -150,6 +150,73 @@ def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time
     assert first["correctness"]["duration_s"] < 60, "the probe's cost on the CPU (bench/results/correctness_cpu.json)"
 
 
+def test_gates_under_live_traffic_give_no_false_failure_and_still_refuse_other_outputs(rehearsal_server):
+    """Clients talk to the server while the gate runs (ct129's case): 2 streaming clients send chat
+    requests all along, and 2 gates of the unchanged server against the first one's record pass
+    (golden outputs, consistency, the paired eval); a record whose golden output differs is refused
+    under the same traffic (issue 50, item 4)."""
+    import json as json_module
+    import threading
+    import urllib.request
+
+    import yaml
+    from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
+
+    srv = rehearsal_server
+    group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
+    options = {
+        "url": srv["url"],
+        "model": srv["model"],
+        "engine": "transformers",
+        "warmup_requests": 0,
+        "requests": 1,
+        "max_tokens": 8,
+        "correctness": "always",
+        "probe_set": str(REPO / "roles/health_gate/files/probes" / f"{group['health_gate_probe_set']}.json"),
+        "min_eval_score": group["health_gate_min_eval_score"],
+        "eval_margin_pct": group["health_gate_eval_margin_pct"],
+        "metadata": {"unit_sha256": "before-traffic", "model_revision": "tiny"},
+    }
+    first = llm_gate.run_gate(options)
+    assert first["passed"], first["reasons"]
+    stop, answered, failed = threading.Event(), [], []
+
+    def client(number: int) -> None:
+        while not stop.is_set():
+            question = f"What is {number} + {len(answered) % 50}?"
+            body = {"model": srv["model"], "messages": [{"role": "user", "content": question}], "max_tokens": 16,
+                    "stream": True, "temperature": 0}  # fmt: skip
+            data, headers = json_module.dumps(body).encode(), {"Content-Type": "application/json"}
+            request = urllib.request.Request(srv["url"] + "/v1/chat/completions", data, headers)
+            try:
+                with urllib.request.urlopen(request, timeout=120) as answer:
+                    answer.read()
+                answered.append(number)
+            except OSError as exc:
+                failed.append(repr(exc))
+
+    clients = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(2)]
+    for thread in clients:
+        thread.start()
+    try:
+        reports = []
+        for n in range(2):
+            options.update(metadata={"unit_sha256": f"under-traffic-{n}", "model_revision": "tiny"})
+            reports.append(llm_gate.run_gate(dict(options, baseline=first["verdict"]["baseline"])))
+        other = json_module.loads(json_module.dumps(first["verdict"]["baseline"]))
+        some = sorted(other["correctness"]["golden"])[0]
+        other["correctness"]["golden"][some]["text"] = "something else entirely"
+        refused = llm_gate.run_gate(dict(options, baseline=other))
+    finally:
+        stop.set()
+        for thread in clients:
+            thread.join(timeout=150)
+    assert len(answered) >= 4 and not failed, (len(answered), failed[:3])
+    assert [r["reasons"] for r in reports] == [[], []], "a false failure under traffic"
+    assert all({c["name"]: c for c in r["checks"]}["golden_outputs"]["same"] == 5 for r in reports)
+    assert not refused["passed"] and any("golden outputs differ" in reason for reason in refused["reasons"])
+
+
 def test_role_passes_on_localhost_records_metadata_and_changes_nothing(rehearsal_server, tmp_path):
     srv = rehearsal_server
     unit_file = tmp_path / "inference-server.service"

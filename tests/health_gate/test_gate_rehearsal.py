@@ -112,6 +112,26 @@ def test_cli_repeat_measures_the_gates_own_noise_on_the_real_server(rehearsal_se
     assert "accept_length" not in block["repeatability"]["figures"]  # transformers serve reports none
 
 
+def probe_options(srv: dict, unit: str, **more: object) -> dict:
+    """A short gate of the real server with the probe, judged by group_vars/rehearsal.yml's thresholds."""
+    import yaml
+
+    group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
+    return {
+        "url": srv["url"],
+        "model": srv["model"],
+        "engine": "transformers",
+        "warmup_requests": 0,
+        "requests": 1,
+        "max_tokens": 8,
+        "probe_set": str(REPO / "roles/health_gate/files/probes" / f"{group['health_gate_probe_set']}.json"),
+        "min_eval_score": group["health_gate_min_eval_score"],
+        "eval_margin_pct": group["health_gate_eval_margin_pct"],
+        "metadata": {"unit_sha256": unit, "model_revision": "tiny"},
+        **more,
+    }
+
+
 def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(rehearsal_server):
     """The correctness probe against the real CPU engine and the trained tiny model: it scores the
     rehearsal group's floor or more, its greedy outputs repeat exactly (consistency), and a second
@@ -122,18 +142,7 @@ def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time
 
     srv = rehearsal_server
     group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
-    options = {
-        "url": srv["url"],
-        "model": srv["model"],
-        "engine": "transformers",
-        "warmup_requests": 0,
-        "requests": 1,
-        "max_tokens": 8,
-        "probe_set": str(REPO / "roles/health_gate/files/probes" / f"{group['health_gate_probe_set']}.json"),
-        "min_eval_score": group["health_gate_min_eval_score"],
-        "eval_margin_pct": group["health_gate_eval_margin_pct"],
-        "metadata": {"unit_sha256": "first", "model_revision": "tiny"},
-    }
+    options = probe_options(srv, "first")
     first = llm_gate.run_gate(options)
     assert first["passed"], first["reasons"]
     found = {check["name"]: check for check in first["checks"]}
@@ -159,24 +168,10 @@ def test_gates_under_live_traffic_give_no_false_failure_and_still_refuse_other_o
     import threading
     import urllib.request
 
-    import yaml
     from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 
     srv = rehearsal_server
-    group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
-    options = {
-        "url": srv["url"],
-        "model": srv["model"],
-        "engine": "transformers",
-        "warmup_requests": 0,
-        "requests": 1,
-        "max_tokens": 8,
-        "correctness": "always",
-        "probe_set": str(REPO / "roles/health_gate/files/probes" / f"{group['health_gate_probe_set']}.json"),
-        "min_eval_score": group["health_gate_min_eval_score"],
-        "eval_margin_pct": group["health_gate_eval_margin_pct"],
-        "metadata": {"unit_sha256": "before-traffic", "model_revision": "tiny"},
-    }
+    options = probe_options(srv, "before-traffic", correctness="always")
     first = llm_gate.run_gate(options)
     assert first["passed"], first["reasons"]
     stop, answered, failed = threading.Event(), [], []

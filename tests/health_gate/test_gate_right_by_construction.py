@@ -232,3 +232,11 @@ def test_a_near_tie_flipped_by_the_batch_is_no_failure(toy):
     assert report["passed"], report["reasons"]
     assert all(row["near_tie"] or row["hit_differs_at"] is None for row in rows)
     assert all(row["repeat_near_tie"] or row["repeat_differs_at"] is None for row in rows)
+
+
+def test_a_flush_while_clients_are_answered_waits_for_the_server_to_be_idle(toy):
+    """SGLang flushes only an idle server and answers 400 otherwise: the gate asks it to wait (?timeout=S)."""
+    toy.mode = "busy"
+    report = gate(toy, "u1")
+    assert report["passed"], report["reasons"]
+    assert checks(report)["cache_hit_checked"]["ok"]

@@ -8,18 +8,20 @@ them in SGLang 0.5.11's shapes (read from its source: ``input_token_logprobs`` s
 triples). Its model is a toy: bytes are tokens, and the log-probabilities of the next byte are a
 seeded function of the last two and of the sum of all, so greedy output is deterministic and every fault is a choice:
 
-``mode``: ``ok``; ``near_tie`` (a small perturbation of every logit, 0.03: flips only near-ties, little
-drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache_bug`` (the
+``mode``: ``ok``; ``near_tie`` (a small perturbation of every logit, 0.03: flips only near-ties,
+little drift, like a kernel change); ``broken`` (a large one: a broken server); ``cache_bug`` (the
 ``ok`` model, except that a request whose prompt is found in the prefix cache decodes from
-perturbed state, like the mamba radix cache's "ghost node"); ``nondeterministic`` (fresh noise
-on every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize``
-answers 404); ``no_token_ids`` (``/generate`` answers text without token ids or log-probabilities);
-``zero_logprobs`` (every log-probability 0); ``no_cache`` (no prefix cache: no cached tokens);
-``hit_first_token`` (the first decode step is a near-tie, and a cache hit takes the third-ranked
-token there, not the runner-up: the class of sglang #29633); ``batch_flip`` (every other request
-flips the first near-tie it decodes, as a batch of other clients' requests can). The chat endpoint
-answers the questions of the role's probe sets (their generated evals, looked up; others by parsing
-them), and off by one those listed in ``wrong`` (a server that lost some of its answers).
+perturbed state, like the mamba radix cache's "ghost node"); ``nondeterministic`` (fresh noise on
+every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``/tokenize`` answers
+404); ``no_token_ids`` (``/generate`` answers text without token ids or log-probabilities);
+``zero_logprobs`` (every log-probability 0); ``busy`` (clients' requests in flight:
+``/flush_cache`` answers 400, as SGLang does, unless asked to wait for idle with ``?timeout=S``);
+``no_cache`` (no prefix cache: no cached tokens); ``hit_first_token`` (the first decode step is a
+near-tie, and a cache hit takes the third-ranked token there, not the runner-up: the class of
+sglang #29633); ``batch_flip`` (every other request flips the first near-tie it decodes, as a
+batch of other clients' requests can). The chat endpoint answers the questions of the role's probe
+sets (their generated evals, looked up; others by parsing them), and off by one those listed in
+``wrong`` (a server that lost some of its answers).
 """
 
 from __future__ import annotations
@@ -225,10 +227,16 @@ class FakeSGLangLM(BackgroundServer):
             def do_POST(self) -> None:  # noqa: N802 - http.server API
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                self.path, _, query = self.path.partition("?")
                 with server.lm.lock:
                     server.calls.append((self.path, body))
                 if not self._allowed(self.path == "/flush_cache"):
                     self._json(401, {"error": "Unauthorized"})
+                elif self.path == "/flush_cache" and server.lm.mode == "busy" and "timeout=" not in query:
+                    self.send_response(400)
+                    self.send_header("Content-Length", "18")
+                    self.end_headers()
+                    self.wfile.write(b"Flush cache failed")
                 elif self.path == "/flush_cache":
                     server.lm.flush()
                     self._json(200, {})

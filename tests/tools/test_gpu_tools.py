@@ -731,7 +731,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        if self.path == "/flush_cache":
+        if self.path.partition("?")[0] == "/flush_cache":
             LM.flush()
             self.send(200, b"Cache flushed.", "text/plain")
             return

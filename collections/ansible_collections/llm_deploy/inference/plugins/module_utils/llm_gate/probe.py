@@ -41,6 +41,10 @@ from .probeset import extract_answer, probe_identity
 
 COMPLETIONS_PATH = "/v1/completions"
 LOGPROB_DIGITS = 4
+# SGLang flushes its cache only when no request runs or waits: /flush_cache?timeout=S waits up to S
+# seconds for that (SGLang 0.5.11 and later), so that clients' requests in flight delay the flush
+# instead of failing it.
+FLUSH_WAIT_S = 30.0
 
 
 def _post(endpoint: Endpoint, path: str, payload: dict[str, Any], timeout: float, what: str) -> Any:
@@ -130,16 +134,23 @@ class SGLangCalls(EngineCalls):
     features = {"token_ids": True, "logprobs": True, "rescore": True, "prefix_cache": True}
 
     def flush(self) -> str | None:
-        """``POST /flush_cache`` (an admin endpoint: the admin key when set, else the API key)."""
+        """``POST /flush_cache`` (an admin endpoint: the admin key when set, else the API key), waiting
+        up to :data:`FLUSH_WAIT_S` for the server to be idle (clients' requests in flight)."""
         endpoint = Endpoint(self.endpoint.display, self.admin_api_key or self.endpoint.api_key)
+        wait = min(FLUSH_WAIT_S, self.timeout)
         try:
-            status, body = endpoint.request("POST", "/flush_cache", None, timeout=self.timeout)
+            status, body = endpoint.request("POST", f"/flush_cache?timeout={wait:g}", None, timeout=self.timeout + wait)
         except OSError as exc:
             return f"/flush_cache failed ({type(exc).__name__}: {exc}): the golden pass may start with cache hits"
-        if status != 200:
+        if status in (401, 403):
             return (
                 f"/flush_cache answered HTTP {status} ({quote_body(body, 200)}): the golden pass may start with "
                 "cache hits (set health_gate_admin_api_key to the server's admin key)"
+            )
+        if status != 200:
+            return (
+                f"/flush_cache answered HTTP {status} ({quote_body(body, 200)}): the server was not idle within "
+                f"{wait:g} s (requests of its clients in flight), so the golden pass may start with cache hits"
             )
         return None
 

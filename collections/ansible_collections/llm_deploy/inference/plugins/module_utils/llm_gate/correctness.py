@@ -187,12 +187,11 @@ def _parting(earlier: dict[str, Any], later: dict[str, Any], cfg: GateConfig) ->
     runner_up = runners[at] if at < len(runners) else None
     token = later["token_ids"][at] if at < len(later["token_ids"]) else None
     drift = _mean_drift(later["logprobs"], earlier.get("logprobs") or [], at)
-    out.update(margin=margin, drift=drift, runner_up=runner_up == token)
+    # Two missing values (a shorter answer, a step without its top two) are no runner-up.
+    is_runner_up = token is not None and runner_up == token
+    out.update(margin=margin, drift=drift, runner_up=is_runner_up)
     out["near_tie"] = (
-        margin is not None
-        and margin <= cfg.tie_margin
-        and runner_up == token
-        and (drift or 0.0) <= cfg.max_logprob_drift
+        margin is not None and margin <= cfg.tie_margin and is_runner_up and (drift or 0.0) <= cfg.max_logprob_drift
     )
     return out
 

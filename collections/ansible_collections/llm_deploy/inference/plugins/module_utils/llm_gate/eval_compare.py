@@ -19,7 +19,7 @@ compared with the fewest discordant questions its totals allow (:func:`counts_fr
 
 :func:`refusal_probability` and :func:`smallest_refused_drop` compute, exactly, how often the rule
 refuses a candidate of a given accuracy: docs/health-gate.md's table per profile
-(``tools/eval-power``).
+(``tools/probe-set power-table``).
 """
 
 from __future__ import annotations
@@ -97,20 +97,17 @@ def _least_refused_worse(questions: int, margin_pct: float, confidence: float) -
     return tuple(least)
 
 
+def _binomial_pmf(count: int, prob: float, k: int) -> float:
+    """``P(X == k)`` for ``X ~ Binomial(count, prob)``."""
+    if prob <= 0.0 or prob >= 1.0:
+        return float(k == (count if prob >= 1.0 else 0))
+    log = math.lgamma(count + 1) - math.lgamma(k + 1) - math.lgamma(count - k + 1)
+    return math.exp(log + k * math.log(prob) + (count - k) * math.log1p(-prob))
+
+
 def _binomial_tail(count: int, prob: float, at_least: int) -> float:
     """``P(X >= at_least)`` for ``X ~ Binomial(count, prob)``."""
-    if at_least <= 0:
-        return 1.0
-    if prob <= 0.0:
-        return 0.0
-    if prob >= 1.0:
-        return 1.0 if at_least <= count else 0.0
-    log_p, log_q = math.log(prob), math.log1p(-prob)
-    head = math.lgamma(count + 1)
-    return sum(
-        math.exp(head - math.lgamma(k + 1) - math.lgamma(count - k + 1) + k * log_p + (count - k) * log_q)
-        for k in range(at_least, count + 1)
-    )
+    return sum(_binomial_pmf(count, prob, k) for k in range(max(0, at_least), count + 1))
 
 
 def refusal_probability(
@@ -139,9 +136,7 @@ def refusal_probability(
     total = 0.0
     for discordant, worse in enumerate(least):
         if worse is not None:
-            weight = _binomial_tail(questions, p_discordant, discordant) - _binomial_tail(
-                questions, p_discordant, discordant + 1
-            )
+            weight = _binomial_pmf(questions, p_discordant, discordant)
             total += weight * _binomial_tail(discordant, p_worse / p_discordant, worse)
     return min(1.0, total)
 

@@ -244,3 +244,7 @@ def test_a_run_notes_the_machine_at_its_start_and_end_and_each_stages_lane(stage
     ]
     assert "machine at the start: load " in out.stdout and "machine at the end: load " in out.stdout
     assert "lane 1" in out.stdout
+    # A later report (recording the run once more) keeps the note taken when the run ended.
+    assert _tool("report", "--record", str(record)).returncode == 0
+    again = json.loads(record.read_text())["runs"][-1]
+    assert again["yardstick_s"] == run["yardstick_s"] and again["load_avg"] == run["load_avg"]

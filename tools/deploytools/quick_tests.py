@@ -107,7 +107,7 @@ def lint_commands(changed: Sequence[str], venv_bin: Path) -> list[list[str]]:
         commands.append([str(venv_bin / "yamllint"), "-s", *yaml])
     if any(p.startswith(ANSIBLE_PARTS) for p in changed):
         commands.append([str(venv_bin / "ansible-lint")])
-    if any(p.startswith("roles/") and "/meta/argument_specs.yml" in p or "/defaults/" in p for p in changed):
+    if any(p.startswith("roles/") and ("/meta/argument_specs.yml" in p or "/defaults/" in p) for p in changed):
         commands.append([str(venv_bin / "python"), "tools/check-argument-specs"])
     return commands
 

@@ -494,12 +494,13 @@ def record(run: dict[str, Any], path: Path) -> None:
 
 def _report(args: argparse.Namespace, out: TextIO) -> int:
     stages = read_stages()
-    if stages:
-        note_machine("end")
+    machine = read_machine()
+    if stages and "end" not in machine:  # once, when the run has ended: a later report keeps that note
+        machine["end"] = note_machine("end")
     if not stages:
         print(f"test-stages: no stages recorded in {stages_file()}", file=sys.stderr)
         return 2
-    run = build_run(stages, args.label, read_machine())
+    run = build_run(stages, args.label, machine)
     print(render(run, args.budget_s), file=out, flush=True)
     if args.record:
         record(run, Path(args.record))

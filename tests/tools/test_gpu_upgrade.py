@@ -117,9 +117,10 @@ def test_a_real_config_keeps_the_tiny_tokenizers_vision_ids(tmp_path: Path) -> N
     assert json.loads((model / "config.json").read_text())["hidden_size"] == 8
 
 
-def correctness_args(steps: str | None = None) -> argparse.Namespace:
+def correctness_args(steps: str | None = None, **more: object) -> argparse.Namespace:
     """The command line of ``gpu-acceptance correctness --name t`` as parsed, with ``--steps``."""
-    return argparse.Namespace(name="t", reference=None, steps=steps, gate_arg=[], timeout=60)
+    given = {"reference": None, "gate_arg": [], "timeout": 60, "gates": 1, "streams": 8, "perturbed_model": None}
+    return argparse.Namespace(name="t", steps=steps, **{**given, **more})
 
 
 def test_correctness_relaunches_turns_speculation_off_and_measures_the_answers(
@@ -154,7 +155,7 @@ def test_correctness_steps_spread_over_calls_keep_one_record(tmp_path: Path, mon
     dev = installed(
         tmp_path / "running", free_port(), {"SGLANG_ENABLE_SPEC_V2": "1", "FAKE_LM_NO_SPEC_MODE": "near_tie"}
     )
-    with pytest.raises(ga.common.AcceptanceError, match="run --steps first before again or no-spec"):
+    with pytest.raises(ga.common.AcceptanceError, match="run --steps first before the others"):
         ga.correctness.cmd_correctness(correctness_args("again"), dev)
     with pytest.raises(ga.common.AcceptanceError, match="unknown step"):
         ga.correctness.cmd_correctness(correctness_args("first,twice"), dev)
@@ -167,7 +168,7 @@ def test_correctness_steps_spread_over_calls_keep_one_record(tmp_path: Path, mon
         for record in dev.load().get("servers", {}).values():
             ga.processes.stop_session(record["pid"], grace_s=5)
     record = json.loads((dev.root / "correctness-t.json").read_text())
-    assert record["steps"] == ["again", "no-spec"] and record["first"] == first_call["first"]
+    assert record["steps"] == ["no-spec", "again"] and record["first"] == first_call["first"]
     assert [row["ok"] for row in record["again"]["gate"]["golden"]] == [True] * 7
     parted = [row for row in record["no_spec"]["gate"]["golden"] if not row["same"]]
     assert parted and all(row["near_tie"] and row["margin_at_divergence"] <= 0.2 for row in parted)
@@ -177,6 +178,36 @@ def test_correctness_steps_spread_over_calls_keep_one_record(tmp_path: Path, mon
     decisions = record["first"]["gate"]["decisions"]
     assert decisions["tokens"] == 7 * 32 and decisions["margin"]["min"] <= decisions["margin"]["median"]
     assert decisions["chosen_logprob"]["max"] <= 0
+
+
+def test_correctness_gates_each_start_many_times_under_traffic_and_refuses_another_revision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--gates 2``: the first step's second gate compares with the first's report (written before it
+    runs); ``traffic`` gates while clients send chat requests; ``perturbed`` serves another model path
+    (the stand-in answers every question wrong there) and its gates are refused against ``first``."""
+    monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
+    dev = installed(tmp_path / "running", free_port(), {"SGLANG_ENABLE_SPEC_V2": "1"})
+    with pytest.raises(ga.common.AcceptanceError, match="needs --perturbed-model"):
+        ga.correctness.cmd_correctness(correctness_args("perturbed"), dev)
+    other = tmp_path / "model-perturbed"
+    args = correctness_args("first,traffic,perturbed", gates=2, streams=3, perturbed_model=other)
+    try:
+        assert ga.correctness.cmd_correctness(args, dev) == 0
+    finally:
+        for record in dev.load().get("servers", {}).values():
+            ga.processes.stop_session(record["pid"], grace_s=5)
+    record = json.loads((dev.root / "correctness-t.json").read_text())
+    first, traffic, perturbed = record["first"], record["traffic"], record["perturbed"]
+    assert first["gate"]["golden_prompts"] is None, "the first gate had no reference"
+    [second] = first["gates"]
+    assert second["passed"] and second["golden_same"] == 7 and second["eval_paired"]["worse"] == 0
+    assert all(g["passed"] for g in [traffic["gate"], *traffic["gates"]])
+    assert traffic["traffic"]["requests"] > 0 and traffic["traffic"]["errors"] == 0
+    assert "traffic" not in first and "traffic" not in perturbed
+    assert perturbed["argv"][perturbed["argv"].index("--model-path") + 1] == str(other)
+    for refused in [perturbed["gate"], *perturbed["gates"]]:
+        assert not refused["passed"] and refused["eval_paired"]["worse"] > 0 and not refused["eval_paired"]["ok"]
 
 
 def test_spread_reads_quantiles_off_the_sorted_values() -> None:

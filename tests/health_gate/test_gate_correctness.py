@@ -78,15 +78,18 @@ def test_an_unchanged_server_passes_and_its_outputs_become_the_reference(toy):
 def test_the_probe_flushes_with_the_admin_key_and_the_hits_are_hits(toy):
     report = gate(toy, "u1")
     flushes = [body for path, body in toy.calls if path == "/flush_cache"]
-    assert len(flushes) == 1 + len(PROBE["consistency"]["items"]), "once before the golden pass, once per miss"
+    assert len(flushes) == 1, "once, before the golden pass: the consistency prompts' misses need no flush"
     assert not [note for note in report["notes"] if "flush_cache" in note]
-    without = gate(toy, "u1", admin_api_key=None)
-    assert not without["passed"] and "/flush_cache answered HTTP 401" in " ".join(without["reasons"])
-    assert "set health_gate_require_cache_hit=false" in " ".join(without["reasons"])
-    accepted = gate(toy, "u1", admin_api_key=None, require_cache_hit=False)
-    assert accepted["passed"] and "/flush_cache answered HTTP 401" in " ".join(accepted["notes"])
     rows = checks(report)["consistency"]["prompts"]
     assert all(row["cached_tokens"] > 0 for row in rows)
+    asked = report["correctness"]["consistency"]
+    # the marker's 16 random hex digits may share a first byte or two with an earlier one, never more
+    assert all(item["miss"]["cached_tokens"] < 16 for item in asked), "a miss served the prompt from the cache"
+    # Without the admin key the flush is refused: only the golden pass may start with hits, the
+    # consistency check still compares a miss with a hit (a note, no failure).
+    without = gate(toy, "u1", admin_api_key=None)
+    assert without["passed"], without["reasons"]
+    assert "/flush_cache answered HTTP 401" in " ".join(without["notes"]) and checks(without)["cache_hit_checked"]["ok"]
     golden = report["correctness"]["golden"]
     assert golden["code"]["cached_tokens"] == 0 and golden["doc/2"]["cached_tokens"] > 0
     assert golden["talk/2"]["cached_tokens"] > len(PROBE["golden"]["items"][3]["turns"][0])

@@ -16,6 +16,8 @@ every request); ``wrong_answers`` (chat answers off by one); ``no_tokenize`` (``
 404); ``no_token_ids`` (``/generate`` answers text without token ids or log-probabilities);
 ``zero_logprobs`` (every log-probability 0); ``busy`` (clients' requests in flight:
 ``/flush_cache`` answers 400, as SGLang does, unless asked to wait for idle with ``?timeout=S``);
+``always_busy`` (clients keep it busy: ``/flush_cache`` answers 400 "Timed out waiting for idle
+state." even when asked to wait, as SGLang 0.5.11 did with 8 clients sending all along);
 ``no_cache`` (no prefix cache: no cached tokens); ``hit_first_token`` (the first decode step is a
 near-tie, and a cache hit takes the third-ranked token there, not the runner-up: the class of
 sglang #29633); ``batch_flip`` (every other request flips the first near-tie it decodes, as a
@@ -237,6 +239,11 @@ class FakeSGLangLM(BackgroundServer):
                     self.send_header("Content-Length", "18")
                     self.end_headers()
                     self.wfile.write(b"Flush cache failed")
+                elif self.path == "/flush_cache" and server.lm.mode == "always_busy":
+                    self.send_response(400)
+                    self.send_header("Content-Length", "32")
+                    self.end_headers()
+                    self.wfile.write(b"Timed out waiting for idle state.")
                 elif self.path == "/flush_cache":
                     server.lm.flush()
                     self._json(200, {})

@@ -4,13 +4,17 @@
 :func:`run_probe` asks the server, in order:
 
 1. **Flush** the prefix cache where the engine has one and lets us (SGLang ``/flush_cache``,
-   with the admin key when there is one), so that the golden pass starts with misses.
+   with the admin key when there is one), so that the golden pass starts with misses. SGLang
+   flushes only an idle server: under clients' traffic it may not, and the gate notes it.
 2. **Golden pass**: each golden prompt of the probe set (:mod:`.probeset`), greedy, exactly
    ``golden.max_tokens`` tokens (SGLang ``ignore_eos``, transformers serve ``min_new_tokens``).
    Later suffixes of a shared prefix and later turns of a conversation hit the cache.
-3. **Consistency**: each consistency item asked as a miss (after a flush; without a prefix cache
-   the golden pass's answer is one), then again (now a cache hit) and once more (a repeat in the
-   same cache state).
+3. **Consistency**: each consistency item asked as a miss, then again (now a cache hit) and once
+   more (a repeat in the same cache state). With a prefix cache the three asks start with a marker
+   of their own (:func:`fresh_prompt`), so that the first is a miss by construction, whoever else
+   asks the server meanwhile (a flush would need an idle server; measured on SGLang 0.5.11 with 8
+   clients sending all along, ``/flush_cache?timeout=30`` never found one). Without a prefix
+   cache the golden pass's answer is the miss.
 4. **Re-scoring** (SGLang only): the reference's tokens, where the last-known-good holds them, fed
    back to this server (teacher forcing, ``/generate`` with ``return_logprob`` from the last prompt
    token), and this server's own golden tokens the same way. The record keeps the second, so that a
@@ -29,6 +33,7 @@ without a way to ask for exactly ``max_tokens``).
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -240,6 +245,12 @@ def prior_of(item: dict[str, Any], reference: dict[str, Any], own: dict[str, str
     return [(reference.get(key) or {}).get("text", own.get(key, "")) for key in keys]
 
 
+def fresh_prompt(prompt: str) -> str:
+    """``prompt`` behind a random marker of its own: no earlier request shares a prefix with it (beyond,
+    by chance, a first token), so its first ask is a cache miss and the next ones are hits."""
+    return f"{secrets.token_hex(8)}: {prompt}"
+
+
 def prompt_of(item: dict[str, Any], prior: list[str]) -> str:
     """The prompt of one golden item (:func:`.probeset.golden_prompts`): a conversation's turn k is each
     earlier turn followed by the text it got (``prior``), then turn k."""
@@ -348,16 +359,14 @@ def run_probe(
 
     consistency = []
     for name in (probe.get("consistency") or {}).get("items") or []:
-        # A later suffix or turn was a partial hit in the golden pass: with a prefix cache the miss
-        # is asked again after a flush; without one the golden pass's answer was a miss already.
-        miss = outputs[name]
+        # With a prefix cache the prompt gets a marker of its own, so that its first ask is a miss; without
+        # one the golden pass's answer was a miss already.
+        miss, prompt = outputs[name], prompts[name]
         if calls.features["prefix_cache"]:
-            note = monitor.call(calls.flush)
-            if note and note not in result["flush_problems"]:
-                result["flush_problems"].append(note)
-            miss = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (cache miss)")
-        hit = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (cache hit)")
-        again = monitor.call(calls.complete, prompts[name], max_tokens, f"consistency {name} (repeat)")
+            prompt = fresh_prompt(prompt)
+            miss = monitor.call(calls.complete, prompt, max_tokens, f"consistency {name} (cache miss)")
+        hit = monitor.call(calls.complete, prompt, max_tokens, f"consistency {name} (cache hit)")
+        again = monitor.call(calls.complete, prompt, max_tokens, f"consistency {name} (repeat)")
         consistency.append({"id": name, "miss": dict(miss), "hit": dict(hit), "repeat": dict(again)})
     result["consistency"] = consistency
 

@@ -152,3 +152,38 @@ def test_stat_fields_survive_a_command_name_with_spaces_and_parentheses(tmp_path
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_locks_directory_is_made_roots_alone(tmp_path):
+    path = tmp_path / "run" / "llm-deploy" / "deploy.lock"
+    assert lock.acquire(str(path), owner("a"), 0, None, None, check=False)["acquired"]
+    assert path.parent.stat().st_mode & 0o777 == 0o700 and path.parent.stat().st_uid == os.geteuid()
+
+
+@pytest.mark.parametrize("where", ["world-writable", "another user's", "a link"])
+def test_a_directory_another_user_can_write_is_refused_before_anything_is_written(tmp_path, where):
+    """As /run/lock (1777) was the default's: a local user there could forge the lock (every deploy
+    refused), date one in the future (the watchdog skips for ever) or plant a link at the guard."""
+    directory = tmp_path / "locks"
+    if where == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        directory.symlink_to(tmp_path / "elsewhere")
+    else:
+        directory.mkdir()
+        os.chmod(directory, 0o1777 if where == "world-writable" else 0o700)
+        if where == "another user's":
+            os.chown(directory, 65534, 65534)
+    with pytest.raises(lock.LockPlaceError, match="set deploy_lock_path to a file in a directory only root can write"):
+        lock.acquire(str(directory / "deploy.lock"), owner("a"), 0, None, None, check=False)
+    assert not list((tmp_path / "elsewhere" if where == "a link" else directory).iterdir()), "something was written"
+
+
+def test_a_link_planted_at_the_guard_is_not_followed(tmp_path):
+    canary = tmp_path / "canary"
+    canary.write_text("root's\n")
+    directory = tmp_path / "locks"
+    directory.mkdir(mode=0o700)
+    (directory / "deploy.lock.guard").symlink_to(canary)
+    with pytest.raises(OSError):
+        lock.acquire(str(directory / "deploy.lock"), owner("a"), 0, None, None, check=False)
+    assert canary.read_text() == "root's\n" and not (directory / "deploy.lock").exists()

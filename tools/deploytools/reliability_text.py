@@ -165,7 +165,7 @@ checks, after all the cases:
 DESIGN = r"""
 ### How the pieces work
 
-* **Deploy lock** (`roles/deploy_lock`): `/run/lock/llm-deploy.lock` on the host, written
+* **Deploy lock** (`roles/deploy_lock`): `/run/llm-deploy/deploy.lock` on the host, written
   under an `flock` of `<lock>.guard`, names the holder (controller host and boot id, the
   ansible-playbook pid and its start time, user, when). Taken first in `deploy.yml`, given
   back in an `always:`; never counted as a change (a no-op deploy stays `changed=0`). A lock

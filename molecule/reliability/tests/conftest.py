@@ -107,7 +107,7 @@ def server_state() -> dict[str, Any]:
     files = sh(
         f"sha256sum /etc/systemd/system/{UNIT}.service /etc/{UNIT}/secrets.env | cut -c1-16; "
         "readlink /opt/ml-env; readlink /srv/models/tiny-qwen3.5/current; "
-        "test -e /run/lock/llm-deploy.lock && echo LOCK-HELD || echo no-lock",
+        "test -e /run/llm-deploy/deploy.lock && echo LOCK-HELD || echo no-lock",
         check=False,
     ).split()
     return {**props, "files": files}

@@ -50,9 +50,9 @@ from conftest import (
 MARK_A = {"inference_server_environment": {"RELIABILITY_MARK": "a"}}
 MARK_B = {"inference_server_environment": {"RELIABILITY_MARK": "b"}}
 LOCK_REFUSAL = (
-    r"Another deploy holds /run/lock/llm-deploy\.lock on rel-molecule: run \S+ of \S+ on controller "
+    r"Another deploy holds /run/llm-deploy/deploy\.lock on rel-molecule: run \S+ of \S+ on controller "
     r"\S+ \(pid \d+\), taken \S+ \(\d+ s ago\); wait for it to finish, or, if that run is gone, remove "
-    r"/run/lock/llm-deploy\.lock on the host \(a lock older than deploy_lock_stale_after_s, 21600 s, is "
+    r"/run/llm-deploy/deploy\.lock on the host \(a lock older than deploy_lock_stale_after_s, 21600 s, is "
     r"taken over automatically\)\."
 )
 BACK_ON_LKG = (
@@ -84,7 +84,7 @@ def gate_reason(message: str) -> str:
 
 def lock_held() -> bool:
     """Whether the host's deploy lock file exists."""
-    return sh("test -e /run/lock/llm-deploy.lock && echo yes || echo no").strip() == "yes"
+    return sh("test -e /run/llm-deploy/deploy.lock && echo yes || echo no").strip() == "yes"
 
 
 def in_background(fn: Any) -> threading.Thread:

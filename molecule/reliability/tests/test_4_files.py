@@ -82,4 +82,4 @@ def test_the_service_user_cannot_read_the_secrets_file(host) -> None:
 
 
 def test_no_deploy_lock_is_left(host) -> None:
-    assert not host.file("/run/lock/llm-deploy.lock").exists
+    assert not host.file("/run/llm-deploy/deploy.lock").exists

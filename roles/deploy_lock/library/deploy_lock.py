@@ -26,7 +26,12 @@ author:
   - llm-deploy authors
 options:
   path:
-    description: The lock file on the host (its directory is created when missing).
+    description:
+      - >-
+        The lock file on the host. Its directory is created (0700) when missing, and refused when it is
+        a link, not root's, or writable by its group or others (C(/run/lock) is 1777), since whoever can
+        write there could plant a link at the guard, forge a lock that refuses every deploy, or date one
+        in the future so that the watchdog skips for ever.
     type: path
     required: true
   state:
@@ -55,13 +60,13 @@ options:
 EXAMPLES = r"""
 - name: Take the deploy lock on the host
   deploy_lock:
-    path: /run/lock/llm-deploy.lock
+    path: /run/llm-deploy/deploy.lock
     owner: {run_id: "ctl:4242:123456", controller: ctl, pid: 4242, pid_start: 123456, user: ops}
   register: __deploy_lock
 
 - name: Give the deploy lock back
   deploy_lock:
-    path: /run/lock/llm-deploy.lock
+    path: /run/llm-deploy/deploy.lock
     state: released
     owner: {run_id: "ctl:4242:123456"}
 """
@@ -89,6 +94,7 @@ import contextlib  # noqa: E402
 import fcntl  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import stat  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -97,12 +103,37 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 
 
+class LockPlaceError(Exception):
+    """The lock's directory is one that another user could write to."""
+
+
+def private_directory(directory: str) -> None:
+    """Create ``directory`` (0700) when missing; raise :class:`LockPlaceError` when it is a link, not a
+    directory, not this (root) user's, or writable by its group or others."""
+    os.makedirs(os.path.dirname(directory.rstrip("/")) or "/", mode=0o755, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    info = os.lstat(directory)
+    if not stat.S_ISDIR(info.st_mode):
+        raise LockPlaceError(
+            f"the deploy lock's directory {directory} is not a directory (a link or a file): set deploy_lock_path "
+            "to a file in a directory only root can write, such as the default /run/llm-deploy/deploy.lock"
+        )
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise LockPlaceError(
+            f"the deploy lock's directory {directory} (uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}) is "
+            "writable by another user, who could plant a link at the lock, forge one that refuses every deploy, or "
+            "date one in the future so that the watchdog skips for ever: set deploy_lock_path to a file in a "
+            "directory only root can write, such as the default /run/llm-deploy/deploy.lock"
+        )
+
+
 @contextlib.contextmanager
 def guarded(path: str) -> Iterator[None]:
-    """Hold an exclusive flock on ``<path>.guard`` while the lock file is read and written."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd = os.open(path + ".guard", os.O_RDWR | os.O_CREAT, 0o600)
+    """Hold an exclusive flock on ``<path>.guard`` while the lock file is read and written (its directory
+    checked first: :func:`private_directory`)."""
+    private_directory(os.path.dirname(os.path.abspath(path)))
+    fd = os.open(path + ".guard", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -230,6 +261,9 @@ def main() -> None:
             params["takeover_reason"],
             module.check_mode,
         )
+    except LockPlaceError as exc:
+        module.fail_json(msg=str(exc) + ".")
+        return
     except OSError as exc:
         module.fail_json(msg="deploy_lock: cannot use the lock {}: {}".format(params["path"], exc))
         return

@@ -83,8 +83,7 @@ def test_the_probe_flushes_with_the_admin_key_and_the_hits_are_hits(toy):
     rows = checks(report)["consistency"]["prompts"]
     assert all(row["cached_tokens"] > 0 for row in rows)
     asked = report["correctness"]["consistency"]
-    # the marker's 16 random hex digits may share a first byte or two with an earlier one, never more
-    assert all(item["miss"]["cached_tokens"] < 16 for item in asked), "a miss served the prompt from the cache"
+    assert all(item["miss"]["cached_tokens"] == 0 for item in asked), "a miss served cached tokens"
     # Without the admin key the flush is refused: only the golden pass may start with hits, the
     # consistency check still compares a miss with a hit (a note, no failure).
     without = gate(toy, "u1", admin_api_key=None)
@@ -124,7 +123,7 @@ def test_a_cache_hit_that_changes_the_output_fails(toy):
     rows = checks(report)["consistency"]["prompts"]
     assert all(row["hit_differs_at"] is not None for row in rows)
     assert any(not row["near_tie"] for row in rows), "a hit that differs beyond a near-tie is what fails"
-    assert any(reason.startswith("a cache hit changed the output (code from token") for reason in report["reasons"])
+    assert any(reason.startswith("a cache hit changed the output (") for reason in report["reasons"])
 
 
 def test_greedy_output_that_is_not_deterministic_fails(toy):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import string
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,9 @@ LOGPROB_DIGITS = 4
 # seconds for that (SGLang 0.5.11 and later), so that clients' requests in flight delay the flush
 # instead of failing it.
 FLUSH_WAIT_S = 30.0
+# How many markers a consistency prompt's miss may take to find one that the cache shares nothing of
+# (a marker's first token may match an earlier request's, a partial hit that is no miss).
+MISS_TRIES = 6
 
 
 def _post(endpoint: Endpoint, path: str, payload: dict[str, Any], timeout: float, what: str) -> Any:
@@ -246,9 +250,20 @@ def prior_of(item: dict[str, Any], reference: dict[str, Any], own: dict[str, str
 
 
 def fresh_prompt(prompt: str) -> str:
-    """``prompt`` behind a random marker of its own: no earlier request shares a prefix with it (beyond,
-    by chance, a first token), so its first ask is a cache miss and the next ones are hits."""
-    return f"{secrets.token_hex(8)}: {prompt}"
+    """``prompt`` behind a random marker of its own: no earlier request shares more than, by chance, a
+    first token with it (:func:`ask_miss` asks anew then), so its first ask is a miss and the next ones hits."""
+    return f"{secrets.choice(string.ascii_letters + string.digits)}{secrets.token_hex(8)}: {prompt}"
+
+
+def ask_miss(calls: EngineCalls, monitor: Monitor, prompt: str, max_tokens: int, name: str) -> tuple[str, Completion]:
+    """A cache miss of ``prompt`` behind a fresh marker, and that marked prompt: asked again behind another
+    marker (at most :data:`MISS_TRIES` in all) while the server says it served cached tokens for it."""
+    for _ in range(MISS_TRIES):
+        marked = fresh_prompt(prompt)
+        miss = monitor.call(calls.complete, marked, max_tokens, f"consistency {name} (cache miss)")
+        if not miss.get("cached_tokens"):
+            break
+    return marked, miss
 
 
 def prompt_of(item: dict[str, Any], prior: list[str]) -> str:
@@ -363,8 +378,7 @@ def run_probe(
         # one the golden pass's answer was a miss already.
         miss, prompt = outputs[name], prompts[name]
         if calls.features["prefix_cache"]:
-            prompt = fresh_prompt(prompt)
-            miss = monitor.call(calls.complete, prompt, max_tokens, f"consistency {name} (cache miss)")
+            prompt, miss = ask_miss(calls, monitor, prompt, max_tokens, name)
         hit = monitor.call(calls.complete, prompt, max_tokens, f"consistency {name} (cache hit)")
         again = monitor.call(calls.complete, prompt, max_tokens, f"consistency {name} (repeat)")
         consistency.append({"id": name, "miss": dict(miss), "hit": dict(hit), "repeat": dict(again)})

@@ -44,6 +44,7 @@ server and answered the probe (its verdicts are the measurement, not a pass or f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -231,9 +232,7 @@ def step(
     record: dict[str, Any] = {"start": switch(dev, name, plan, timeout), "argv": plan.argv}
     if record["start"]["ready"]:
         traffic = Traffic(dev.server(name)["url"], streams) if streams else None
-        if traffic:
-            traffic.__enter__()
-        try:
+        with traffic or contextlib.nullcontext():
             result = gate(dev, name, [*PROBE_ARGS, *extra], timeout)
             record["gate"] = probe_summary(result)
             record["gate_s"] = result.get("seconds")
@@ -244,10 +243,8 @@ def step(
             for index in range(2, gates + 1):
                 more = gate(dev, name, [*PROBE_ARGS, *(extra if later is None else later)], timeout, f"{name}-{index}")
                 record["gates"].append({**probe_summary(more), "gate_s": more.get("seconds")})
-        finally:
-            if traffic:
-                traffic.__exit__()
-                record["traffic"] = traffic.figures()
+        if traffic:
+            record["traffic"] = traffic.figures()
     cmd_stop(argparse.Namespace(name=name), dev)
     record["seconds"] = round(time.time() - t0, 1)
     return record

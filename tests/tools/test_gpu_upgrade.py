@@ -120,6 +120,7 @@ def test_a_real_config_keeps_the_tiny_tokenizers_vision_ids(tmp_path: Path) -> N
 def correctness_args(steps: str | None = None, **more: object) -> argparse.Namespace:
     """The command line of ``gpu-acceptance correctness --name t`` as parsed, with ``--steps``."""
     given = {"reference": None, "gate_arg": [], "timeout": 60, "gates": 1, "streams": 8, "perturbed_model": None}
+    given["setting"] = []
     return argparse.Namespace(name="t", steps=steps, **{**given, **more})
 
 
@@ -185,20 +186,24 @@ def test_correctness_gates_each_start_many_times_under_traffic_and_refuses_anoth
 ) -> None:
     """``--gates 2``: the first step's second gate compares with the first's report (written before it
     runs); ``traffic`` gates while clients send chat requests; ``perturbed`` serves another model path
-    (the stand-in answers every question wrong there) and its gates are refused against ``first``."""
+    (the stand-in answers every question wrong there) and ``setting`` the plan with a lossy KV cache
+    (the stand-in's tokens break), and the gates of both are refused against ``first``."""
     monkeypatch.setattr(ga.install, "IMPORT_CHECK", "print('{\"import_s\": 0}')")
     dev = installed(tmp_path / "running", free_port(), {"SGLANG_ENABLE_SPEC_V2": "1"})
     with pytest.raises(ga.common.AcceptanceError, match="needs --perturbed-model"):
         ga.correctness.cmd_correctness(correctness_args("perturbed"), dev)
+    with pytest.raises(ga.common.AcceptanceError, match="needs --setting"):
+        ga.correctness.cmd_correctness(correctness_args("setting"), dev)
     other = tmp_path / "model-perturbed"
-    args = correctness_args("first,traffic,perturbed", gates=2, streams=3, perturbed_model=other)
+    lossy = ["--kv-cache-dtype=fp8_e5m2"]
+    args = correctness_args("first,traffic,perturbed,setting", gates=2, streams=3, perturbed_model=other, setting=lossy)
     try:
         assert ga.correctness.cmd_correctness(args, dev) == 0
     finally:
         for record in dev.load().get("servers", {}).values():
             ga.processes.stop_session(record["pid"], grace_s=5)
     record = json.loads((dev.root / "correctness-t.json").read_text())
-    first, traffic, perturbed = record["first"], record["traffic"], record["perturbed"]
+    first, traffic, perturbed, setting = (record[step] for step in ("first", "traffic", "perturbed", "setting"))
     assert first["gate"]["golden_prompts"] is None, "the first gate had no reference"
     [second] = first["gates"]
     assert second["passed"] and second["golden_same"] == 7 and second["eval_paired"]["worse"] == 0
@@ -208,6 +213,9 @@ def test_correctness_gates_each_start_many_times_under_traffic_and_refuses_anoth
     assert perturbed["argv"][perturbed["argv"].index("--model-path") + 1] == str(other)
     for refused in [perturbed["gate"], *perturbed["gates"]]:
         assert not refused["passed"] and refused["eval_paired"]["worse"] > 0 and not refused["eval_paired"]["ok"]
+    assert setting["argv"][-1] == "--kv-cache-dtype=fp8_e5m2" and "--kv-cache-dtype=fp8_e5m2" not in first["argv"]
+    for refused in [setting["gate"], *setting["gates"]]:
+        assert not refused["passed"] and refused["golden_same"] < 7
 
 
 def test_spread_reads_quantiles_off_the_sorted_values() -> None:

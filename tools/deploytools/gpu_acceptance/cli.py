@@ -156,12 +156,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", type=Path, help="another version's first-step gate report, re-scored here")
     p.add_argument(
         "--steps",
-        help="comma-separated steps to run: first, again, no-spec, versus, traffic, perturbed (default: the first "
+        help="comma-separated steps to run: first, again, no-spec, versus, traffic, perturbed, setting (default: the "
+        "first "
         "three, and versus with --reference); the record of --name keeps the steps run earlier",
     )
     p.add_argument("--gates", type=int, default=1, help="gates of each started server (default 1)")
     p.add_argument("--streams", type=int, default=8, help="background chat clients of the traffic step (default 8)")
     p.add_argument("--perturbed-model", type=Path, help="another revision of the model, served by the perturbed step")
+    p.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="a server argument the setting step adds to the plan (repeatable, e.g. "
+        "--setting=--kv-cache-dtype=fp8_e5m2): a setting that corrupts tokens, which the gate must refuse",
+    )
     add_gate_arg(p, "argument for every gate of the steps, after the manifest's (repeatable)")
     p.add_argument("--timeout", type=float, default=570, help="limit for each start and each gate (default 570 s)")
     p = sub.add_parser("collect", help="write the results to --out (GPU host)")

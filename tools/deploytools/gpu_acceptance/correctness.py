@@ -22,13 +22,16 @@ turn:
 6. ``perturbed`` (with ``--perturbed-model DIR``, e.g. ``tools/make-tiny-model --from MODEL
    --perturb 0.1``): the plan serving that other revision, gated against ``first``: a gate that
    passes it is a gate that cannot tell a damaged model.
+7. ``setting`` (with ``--setting ARG``, repeatable, e.g. ``--setting=--kv-cache-dtype=fp8_e5m2``):
+   the plan with those server arguments added, gated against ``first``: a setting that corrupts
+   tokens (a lossy KV cache, a wrong kernel) must be refused as well.
 
 ``--gates N`` gates each started server N times (default 1): in ``first`` the first gate records
 the reference and the others are compared with it, so a trained model's figures (margins, the
 re-score KL, the paired eval, accept length) are measured over many gates per start.
 
 ``--steps`` runs some of them (``first``, ``again``, ``no-spec``, ``versus``, ``traffic``,
-``perturbed``; default: the first three, and ``versus`` with ``--reference``), so that a host
+``perturbed``, ``setting``; default: the first three, and ``versus`` with ``--reference``), so that a host
 whose sessions are limited in time can spread them over several calls: the record of the same
 ``--name`` is read back and each step's result replaces that step's only, and the steps after
 ``first`` compare with the ``first`` step recorded earlier. The record is written after each step
@@ -71,10 +74,11 @@ STEPS = {
     "versus": "versus_reference",
     "traffic": "traffic",
     "perturbed": "perturbed",
+    "setting": "setting",
 }
 # The steps that are not in the default set (each needs something more: a reference, a second model,
-# or minutes of traffic).
-OPTIONAL_STEPS = ("versus", "traffic", "perturbed")
+# server arguments, or minutes of traffic).
+OPTIONAL_STEPS = ("versus", "traffic", "perturbed", "setting")
 # The figures kept of each golden and each consistency row of a gate's correctness checks.
 GOLDEN_FIELDS = ("id", "same", "first_divergence", "kl", "drift", "margin_at_divergence", "near_tie", "ok")
 # The chat requests the background clients of the ``traffic`` step send, in turn.
@@ -95,6 +99,11 @@ def with_model(plan: Plan, model: Path) -> Plan:
         raise AcceptanceError("the plan has no --model-path to replace")
     argv[argv.index("--model-path") + 1] = str(model)
     return Plan(argv, dict(plan.env), [*plan.notes, f"model {model} (gpu-acceptance correctness)"])
+
+
+def with_arguments(plan: Plan, arguments: list[str]) -> Plan:
+    """``plan`` with the server ``arguments`` added after its own (argparse: the last one of a flag wins)."""
+    return Plan([*plan.argv, *arguments], dict(plan.env), [*plan.notes, f"with {' '.join(arguments)} (gpu-acceptance)"])
 
 
 def without_speculation(plan: Plan) -> Plan:
@@ -250,7 +259,7 @@ def step(
     return record
 
 
-def chosen_steps(steps: str | None, reference: Any, perturbed: Any = None) -> list[str]:
+def chosen_steps(steps: str | None, reference: Any, perturbed: Any = None, setting: Any = None) -> list[str]:
     """The steps to run: ``steps`` (comma-separated, in the order given) or the default set in :data:`STEPS` order."""
     if not steps:
         return [s for s in STEPS if s not in OPTIONAL_STEPS or (s == "versus" and reference)]
@@ -263,16 +272,19 @@ def chosen_steps(steps: str | None, reference: Any, perturbed: Any = None) -> li
         raise AcceptanceError("--steps versus needs --reference FILE (another version's first-step report)")
     if "perturbed" in asked and not perturbed:
         raise AcceptanceError("--steps perturbed needs --perturbed-model DIR (another revision of the model)")
+    if "setting" in asked and not setting:
+        raise AcceptanceError("--steps setting needs --setting ARG (a server argument to add, e.g. --kv-cache-dtype)")
     return list(dict.fromkeys(asked))  # in the order asked, each once
 
 
 def cmd_correctness(args: argparse.Namespace, dev: Device) -> int:
     """The steps of this module's docstring; the record in ``<state>/correctness-NAME.json``."""
-    steps = chosen_steps(args.steps, args.reference, args.perturbed_model)
+    steps = chosen_steps(args.steps, args.reference, args.perturbed_model, args.setting)
     plan = dev.plan()
     out = dev.root / f"correctness-{args.name}.json"
     reference = dev.root / f"correctness-{args.name}-first.json"
-    if {"again", "no-spec", "traffic", "perturbed"} & set(steps) and "first" not in steps and not reference.is_file():
+    compared = {"again", "no-spec", "traffic", "perturbed", "setting"} & set(steps)
+    if compared and "first" not in steps and not reference.is_file():
         raise AcceptanceError(f"no first step recorded in {reference}: run --steps first before the others")
     record: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {"name": args.name}
     record.update(started=utc(time.time()), argv=plan.argv, steps=steps)
@@ -297,6 +309,11 @@ def cmd_correctness(args: argparse.Namespace, dev: Device) -> int:
         "perturbed": (
             f"another revision of the model ({args.perturbed_model}): the gate must refuse it",
             with_model(plan, args.perturbed_model) if args.perturbed_model else plan,
+            against,
+        ),
+        "setting": (
+            f"the plan with {' '.join(args.setting)}: the gate must refuse a setting that corrupts tokens",
+            with_arguments(plan, args.setting),
             against,
         ),
     }

@@ -171,9 +171,15 @@ def host(tmp_path, server):
         paths = config
         unit = str(unit_file)
 
-        def run(self, *args: str, program: list[str] = (str(WATCHDOG),), **env: str) -> subprocess.CompletedProcess:
+        def run(
+            self,
+            *args: str,
+            program: list[str] = (str(WATCHDOG),),
+            interpreter: list[str] = (sys.executable,),
+            **env: str,
+        ) -> subprocess.CompletedProcess:
             environ = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_UNIT_STATE=str(unit_file), **env)
-            cmd = [sys.executable, *program, *(args or ("probe",)), str(tmp_path / "watchdog.json")]
+            cmd = [*interpreter, *program, *(args or ("probe",)), str(tmp_path / "watchdog.json")]
             return subprocess.run(cmd, capture_output=True, text=True, env=environ, timeout=60)
 
         def metric(self, name: str) -> float:
@@ -413,3 +419,34 @@ def test_the_unit_waits_for_its_mounts_and_the_gpu_daemon_and_records_a_give_up(
     assert directives(unit, "OnFailure") == ["inference-server-gave-up.service"]
     assert (directives(unit, "Restart"), directives(unit, "StartLimitBurst")) == (["on-failure"], ["3"])
     assert directives(unit, "StartLimitIntervalSec") == ["600"]
+
+
+@pytest.mark.parametrize("template", ["inference-server-watchdog.service.j2", "inference-server-gave-up.service.j2"])
+def test_the_watchdog_as_its_unit_runs_it_imports_nothing_a_site_directory_planted(tmp_path, template, host):
+    """Issue 51, item 6: root runs the watchdog with the host's python3; its package beside it is a namespace
+    package (no __init__.py), which a regular package of the same name anywhere on sys.path shadows (Debian's
+    /usr/local/lib/python3*/dist-packages is group staff's). The unit's own command line, run here with a
+    site directory (the user site of HOME) and PYTHONPATH that each hold such a package: nothing of it runs,
+    and the watchdog does its work."""
+    proc = template_run(tmp_path, template=template)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    [command] = directives((tmp_path / "unit").read_text(), "ExecStart")
+    words = command.split()
+    [program] = [word for word in words if word.endswith("/watchdog")]
+    interpreter, subcommand = words[: words.index(program)], words[words.index(program) + 1]
+    helpers = tmp_path / "usr-local-lib-llm"
+    install.install(str(helpers), yaml.safe_load(VARS.read_text())["_inference_server_helper_lib_files"])
+    (helpers / "watchdog").write_bytes(WATCHDOG.read_bytes())
+    canary, home = tmp_path / "canary", tmp_path / "home"
+    where = [interpreter[0], "-c", "import site; print(site.getusersitepackages())"]
+    user_site = subprocess.run(where, env={"HOME": str(home)}, capture_output=True, text=True, check=True).stdout
+    for planted in (Path(user_site.strip()), tmp_path / "pythonpath"):
+        shadow = planted / "ansible_collections"
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text(f"open({str(canary)!r}, 'a').write({str(planted)!r} + '\\n')\n")
+    run = host.run(
+        subcommand, interpreter=interpreter, program=[str(helpers / "watchdog")], HOME=str(home),
+        PYTHONPATH=str(tmp_path / "pythonpath"),
+    )  # fmt: skip
+    assert not canary.exists(), f"root ran {canary.read_text()} through {' '.join(interpreter)}"
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]

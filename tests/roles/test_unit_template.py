@@ -259,3 +259,31 @@ def test_the_replaced_limit_variable_is_refused_naming_its_successor(tmp_path):
         "inference_server_limit_nofile (1048576) is no longer read: the unit's resource limits are one mapping now; "
         "set inference_server_limits to {LimitCORE: 0, LimitNOFILE: 1048576} instead." in out
     ), out[-2000:]
+
+
+@pytest.mark.parametrize(
+    "variable, name",
+    [
+        ("inference_server_environment", "LD_PRELOAD"),
+        ("inference_server_environment", "LD_LIBRARY_PATH"),
+        ("inference_server_secrets", "GCONV_PATH"),
+        ("inference_server_environment", "GLIBC_TUNABLES"),
+    ],
+)
+def test_a_variable_the_loader_reads_is_refused_because_the_port_guard_runs_as_root(tmp_path, variable, name):
+    """Issue 51, item 6: the unit's environment reaches its root port guard (ExecStartPre=+), so LD_PRELOAD
+    pointing into the service account's directory would have root load the account's library; the
+    precheck refuses it by name, before anything changes, and never shows the value."""
+    proc = precheck_run(tmp_path, **{variable: {name: "/var/lib/inference-server/evil.so", "OMP_NUM_THREADS": "4"}})
+    out = refusal(proc)
+    assert proc.returncode != 0, out[-2000:]
+    assert f"{variable} sets {name}, which the dynamic loader or the C library reads" in out, out[-2000:]
+    assert "evil" not in out
+
+
+def test_engine_variables_that_merely_resemble_the_loaders_pass_the_precheck(tmp_path):
+    proc = precheck_run(
+        tmp_path,
+        inference_server_environment={"SGLANG_LD_HINT": "1", "CUDA_MODULE_LOADING": "LAZY", "TMPDIR_HINT": "x"},
+    )
+    assert proc.returncode == 0, refusal(proc)[-2000:]

@@ -182,6 +182,11 @@ def test_the_golden_drift_compares_a_rescore_with_a_rescore(toy):
     moved = gate(toy, "u3", rescore_moved)
     assert not moved["passed"]
     assert all(row["kl"] > 0.0025 for row in checks(moved)["golden_outputs"]["prompts"])
+    # The same tokens whose log-probabilities moved (SGLang's --quantization fp8 on the trained model did
+    # this): the reason says so, not "from token None".
+    [reason] = [r for r in moved["reasons"] if r.startswith("golden outputs differ")]
+    assert "code: the same tokens, re-scored KL 0.0" in reason and "over max_rescore_kl 0.0025" in reason, reason
+    assert "None" not in reason, reason
 
 
 # Vacuous passes.

@@ -221,6 +221,22 @@ def _where(rows: list[dict[str, Any]], key: str) -> str:
     return ", ".join(f"{row['id']} from {row['unit']} {row[key]}" for row in rows)
 
 
+def _golden_why(row: dict[str, Any], cfg: GateConfig) -> str:
+    """Why one golden row is not ok: where it parted and what the re-score said (``doc/1 from token 0
+    (margin 1.25 over tie_margin 0.2)``), or, for the same tokens, that their log-probabilities moved
+    (``code: the same tokens, re-scored KL 0.014 over max_rescore_kl 0.0025``)."""
+    kl, margin = row.get("kl"), row.get("margin_at_divergence")
+    over_kl = kl is not None and kl > cfg.max_rescore_kl
+    kl_words = f"re-scored KL {kl:g} over max_rescore_kl {cfg.max_rescore_kl:g}" if over_kl else ""
+    if row["first_divergence"] is None:
+        return f"{row['id']}: the same tokens, {kl_words}"
+    words = [kl_words] if over_kl else []
+    if margin is not None and margin > cfg.tie_margin:
+        words.append(f"margin {margin:g} over tie_margin {cfg.tie_margin:g}")
+    why = f" ({', '.join(words)})" if words else ""
+    return f"{row['id']} from {row['unit']} {row['first_divergence']}{why}"
+
+
 def judge_correctness(
     result: dict[str, Any] | None, cfg: GateConfig
 ) -> tuple[list[dict[str, Any]], list[str], list[str]]:
@@ -268,7 +284,8 @@ def judge_correctness(
                  "same": sum(1 for row in rows if row["same"]), "prompts": rows}  # fmt: skip
         if not ok and accepted:
             check.update(ok=True, accepted=True)
-            notes.append(f"golden outputs differ on purpose ({ACCEPT_VARIABLE}): {_where(rows, 'first_divergence')}")
+            parted = [row for row in rows if not row["same"]]
+            notes.append(f"golden outputs differ on purpose ({ACCEPT_VARIABLE}): {_where(parted, 'first_divergence')}")
         elif not ok:
             bad = [row for row in rows if not row["ok"]]
             rescoring = (
@@ -276,7 +293,7 @@ def judge_correctness(
                 if result.get("rescored")
                 else ", and the engine cannot re-score them to tell a near-tie from a broken server"
             )
-            where = _where(bad, "first_divergence")
+            where = ", ".join(_golden_why(row, cfg) for row in bad)
             reasons.append(
                 f"golden outputs differ from the last-known-good's on {len(bad)} of {len(rows)} prompts ({where}; "
                 f"golden_min_match_share {cfg.golden_min_match_share:g}){rescoring}: {how_to_accept}"

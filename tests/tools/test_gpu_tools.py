@@ -545,6 +545,31 @@ def test_model_archive_is_deterministic(tmp_path: Path) -> None:
         assert tar.getnames() == ["model", "model/config.json", "model/sub", "model/sub/w.bin"]
 
 
+def test_prepare_carries_a_trained_model_instead_of_generating_one(tmp_path: Path) -> None:
+    """``prepare --model DIR``: the bundle's model is a copy of DIR (a trained acceptance model), archived
+    once and again only when DIR changes; a directory without a model is refused in one sentence."""
+    trained = tmp_path / "trained"
+    trained.mkdir()
+    (trained / "config.json").write_text('{"model_type": "qwen3_5"}')
+    (trained / "model-00001-of-00001.safetensors").write_bytes(b"trained weights")
+    (trained / "model-00001-of-00001.safetensors").chmod(0o400)
+    out = tmp_path / "out"
+    out.mkdir()
+    never = str(tmp_path / "no-python")  # generating a model would fail: the copy must not need one
+    model = ga.prepare.ensure_model(out, never, False, trained)
+    assert (out / "model" / "model-00001-of-00001.safetensors").read_bytes() == b"trained weights"
+    assert (out / "model" / "model-00001-of-00001.safetensors").stat().st_mode & 0o777 == 0o644
+    assert model["weights_bytes"] == len(b"trained weights") and model["config"] == {"model_type": "qwen3_5"}
+    with tarfile.open(out / ga.common.MODEL_ARCHIVE) as tar:
+        assert "model/model-00001-of-00001.safetensors" in tar.getnames()
+    assert ga.prepare.ensure_model(out, never, False, trained)["sha256"] == model["sha256"]
+    (trained / "model-00001-of-00001.safetensors").chmod(0o600)
+    (trained / "model-00001-of-00001.safetensors").write_bytes(b"retrained")
+    assert ga.prepare.ensure_model(out, never, False, trained)["sha256"] != model["sha256"]
+    with pytest.raises(ga.common.AcceptanceError, match="--model .*: no config.json and safetensors there"):
+        ga.prepare.ensure_model(out, never, False, tmp_path / "empty")
+
+
 @pytest.mark.parametrize("binaries", [True, False], ids=["xz-and-tar", "python-lzma"])
 def test_unpack_site_with_and_without_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, binaries: bool) -> None:
     site = tmp_path / "site"

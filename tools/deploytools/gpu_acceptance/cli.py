@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", type=Path, help="a rendered plan JSON instead of calling filter_plugins/launch_plan.py")
     p.add_argument("--model-path", help="model path in the plan (default /root/models/tiny-qwen3.6/revisions/<sha>)")
     p.add_argument(
+        "--model",
+        type=Path,
+        metavar="DIR",
+        help="carry this acceptance model (e.g. one trained with make-tiny-model --vision --with-mtp --train) "
+        "instead of generating random weights",
+    )
+    p.add_argument(
         "--model-python",
         help="python with torch+transformers for make-tiny-model "
         "(default $DEPLOY_CACHE_DIR/venvs/transformers-cpu/bin/python)",

@@ -176,10 +176,29 @@ def deterministic_tgz(source: Path, dest: Path, arcname: str) -> None:
                 tar.addfile(info)
 
 
-def ensure_model(out: Path, model_python: str, rebuild: bool) -> dict[str, Any]:
-    """Generate the acceptance model and its archive, or reuse them."""
+def same_files(one: Path, other: Path) -> bool:
+    """Whether the directories ``one`` and ``other`` hold the same file names with the same bytes."""
+    names = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    if names != sorted(p.relative_to(other) for p in other.rglob("*") if p.is_file()):
+        return False
+    return all(bundle.sha256_file(one / name) == bundle.sha256_file(other / name) for name in names)
+
+
+def ensure_model(out: Path, model_python: str, rebuild: bool, source: Path | None = None) -> dict[str, Any]:
+    """Generate the acceptance model and its archive, or reuse them; with ``source`` (a trained acceptance
+    model, ``make-tiny-model --vision --with-mtp --train ...``) carry a copy of it instead."""
     model_dir, archive = out / "model", out / MODEL_ARCHIVE
-    if rebuild or not (model_dir / "config.json").is_file() or not archive.is_file():
+    if source is not None:
+        if not (source / "config.json").is_file() or not any(source.glob("*.safetensors")):
+            raise AcceptanceError(f"--model {source}: no config.json and safetensors there (a model directory)")
+        if not (model_dir.is_dir() and archive.is_file() and same_files(source, model_dir)):
+            shutil.rmtree(model_dir, ignore_errors=True)
+            say(f"carrying the model of {source}")
+            shutil.copytree(source, model_dir)
+            for path in model_dir.rglob("*"):
+                path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the host's service account
+            deterministic_tgz(model_dir, archive, "model")
+    elif rebuild or not (model_dir / "config.json").is_file() or not archive.is_file():
         shutil.rmtree(model_dir, ignore_errors=True)
         say(f"generating the tiny model with {model_python}")
         subprocess.run(
@@ -298,7 +317,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     packed = ensure_bundle(args.lock, wheelhouse, out / "pack", args.rebuild_bundle, args.part_size, strips)
     t_bundle = time.monotonic()
     model_python = args.model_python or str(cache / "venvs" / "transformers-cpu" / "bin" / "python")
-    model = ensure_model(out, model_python, args.rebuild_model)
+    model = ensure_model(out, model_python, args.rebuild_model, args.model)
     t_model = time.monotonic()
     model_path = args.model_path or f"/root/models/tiny-qwen3.6/revisions/{model['sha256'][:12]}"
     if args.plan:

@@ -208,3 +208,91 @@ def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_a
         "issue 44) or remove it so that ml_env builds it again; nothing was stopped or changed."
     )
     assert not (base / "state").exists() and not (base / "cache").exists()
+
+
+def model_tree(base: Path) -> Path:
+    """``<base>/srv/model``: a model root owns and alone may change (0755 directories, 0644 files)."""
+    model = base / "srv" / "model"
+    (model / "sub").mkdir(parents=True)
+    for name in ("config.json", "modeling_x.py", "sub/w.safetensors"):
+        (model / name).write_text("x")
+        (model / name).chmod(0o644)
+    for path in (base / "srv", model, model / "sub"):
+        path.chmod(0o755)
+    return model
+
+
+@pytest.mark.parametrize("change", ["file owner", "group-writable", "world-writable directory", "directory above",
+                                    "link target"])  # fmt: skip
+def test_a_model_another_account_can_change_is_one_root_must_not_run(base, change):
+    """Issue 51, item 4: the engine's check runs as root and imports the model's own code; a tree that
+    nobody may change (as the kernel says: setpriv as nobody, test -w) is reported, naming where and who."""
+    model = model_tree(base)
+    nobody, nogroup = NOBODY
+    target = {
+        "file owner": model / "modeling_x.py",
+        "group-writable": model / "modeling_x.py",
+        "world-writable directory": model / "sub",
+        "directory above": base / "srv",
+        "link target": base / "elsewhere.py",
+    }[change]
+    if change == "file owner":
+        shutil.chown(target, user=nobody)
+    elif change == "group-writable":
+        shutil.chown(target, group=nogroup)
+        target.chmod(0o664)
+    elif change == "world-writable directory":
+        target.chmod(0o777)
+    elif change == "directory above":
+        shutil.chown(target, user=nobody)
+    else:
+        target.write_text("x")
+        shutil.chown(target, user=nobody)
+        (model / "modeling_y.py").symlink_to(target)
+    by = {"group-writable": f"group {nogroup}", "world-writable directory": "everyone"}.get(change, nobody)
+    assert kernel_allows(target, "w")
+    found = access(f"--root-runs=model_sync_source.path={model}")
+    assert [(p["variable"], p["writable_at"], p["by"]) for p in found["root_runs_problems"]] == [
+        ("model_sync_source.path", str(target), by)
+    ]
+
+
+def test_a_model_root_alone_can_change_passes_also_below_a_sticky_directory(base):
+    sticky = base / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    model = model_tree(sticky)
+    found = access(f"--root-runs=model_sync_source.path={model}", f"--root-runs=x={base / 'not-there-yet'}")
+    assert found["root_runs_problems"] == []
+    assert not kernel_allows(model / "modeling_x.py", "w")
+
+
+def test_the_roles_access_check_refuses_a_model_the_account_can_change_before_anything_changes(base):
+    """tasks/access.yml as deploy.yml runs it, nobody as the account and the owner of the model's code."""
+    model = model_tree(base)
+    shutil.chown(model / "modeling_x.py", user=NOBODY[0])
+    (base / "controller").mkdir()
+    variables = {
+        "inference_server_user": "nobody",
+        "inference_server_group": "nogroup",
+        "inference_server_supplementary_groups": [],
+        "inference_server_gpu_devices": [],
+        "inference_server_state_dir": str(base / "state"),
+        "inference_server_cache_dir": str(base / "cache"),
+        "ml_env_path": "",
+        "ml_env_venv_dir": str(base / "opt" / "not-built-yet"),
+        "model_sync_source": {"type": "host_path", "path": str(model)},
+        "model_sync_root": str(base / "srv"),
+        "model_sync_name": "model",
+    }
+    run = run_role_tasks(base / "controller", variables, ["access.yml"], check_mode=False, json_output=True)
+    failed = [result for _, result in task_results(run) if result.get("failed")]
+    assert run.returncode != 0 and failed, run.stdout[-3000:]
+    assert " ".join(failed[-1]["msg"].split()) == (
+        f"model_sync_source.path {model} can be changed by nobody ({model / 'modeling_x.py'} is 0644 nobody:root), "
+        "but root runs code from it (the engine's check imports the model's own code and runs the venv's python): "
+        "make it root's and writable by root alone (chown -R root:root and chmod -R go-w, the directories above it "
+        "too) or let model_sync copy the model (a controller_dir, mirror or hub source); nothing was stopped or "
+        "changed."
+    )
+    assert not (base / "state").exists() and not (base / "cache").exists()

@@ -19,6 +19,15 @@ the GPU device nodes need? (inference_server's tasks/access.yml, before anything
   Python ignores it and runs as the system's) and ``lib/python3*/site-packages`` readable. A
   venv built under root's umask 077 fails here (the server would stop at 203/EXEC); one not
   built yet is ml_env's to build.
+* ``root_runs_problems``: one entry per ``--root-runs`` path (the model, the drafter and the venv that
+  the deploy's engine check runs as root: it imports the model's own code with trust_remote_code and
+  runs the venv's python) that an account other than root could change, ``{"variable", "path",
+  "writable_at", "mode", "owner", "group", "by"}``: a directory on the way to it (as written and as
+  resolved) or, for a directory, anything below it (the targets of links inside too) owned by another
+  account (``by`` its name), writable by a group other than root's (``group NAME``) or by everyone
+  (``everyone``; a sticky directory on the way, such as /tmp, protects what root owns in it). Such a
+  writer could also keep a changed file's size and mtime, which ``model_sync_verify: cached`` trusts.
+  A path not there yet is none (the role makes it, as root). Asked whatever the account.
 * ``device_groups``: the groups that own device nodes matching ``--devices`` which the account
   may only open through their group (not world read-write): the account needs them as
   supplementary groups (a driver set NVreg_DeviceFileGID, e.g. to video or render).
@@ -114,6 +123,49 @@ def blocked(account: Account, path: str, need: str) -> dict[str, str] | None:
     return None
 
 
+def _writer(st: os.stat_result, on_the_way: bool) -> str | None:
+    """Who other than root may change a file or directory with ``st`` (None: root alone). On the way to a
+    path, a sticky directory (/tmp) lets others add entries but not replace root's."""
+    if st.st_uid != 0:
+        return _name(pwd.getpwuid, st.st_uid)
+    if st.st_mode & stat.S_IWGRP and st.st_gid != 0:
+        return f"group {_name(grp.getgrgid, st.st_gid)}"
+    sticky_on_the_way = on_the_way and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & stat.S_IWOTH and not sticky_on_the_way:
+        return "everyone"
+    return None
+
+
+def others_write(path: str) -> dict[str, str] | None:
+    """Where an account other than root could change what root runs from ``path``, or None (see
+    ``root_runs_problems`` in the module's docstring)."""
+    if not os.path.exists(path):
+        return None
+    seen: set[str] = set()
+    pending = [(step, step != os.path.abspath(path) and step != os.path.realpath(path)) for step in _chain(path)]
+    if os.path.isdir(path):
+        for top, dirs, files in os.walk(path):
+            for name in dirs + files:
+                inside = os.path.join(top, name)
+                if os.path.islink(inside):  # what is read is its target, where that lies
+                    pending += [(step, True) for step in _chain(os.path.realpath(inside))[:-1]]
+                    pending.append((os.path.realpath(inside), False))
+                else:
+                    pending.append((inside, False))
+    for step, on_the_way in pending:
+        if step in seen:
+            continue
+        seen.add(step)
+        try:
+            st = os.stat(step)
+        except OSError:
+            continue  # a dangling link: nothing to run
+        by = _writer(st, on_the_way)
+        if by:
+            return {**_describe(step, st), "by": by}
+    return None
+
+
 def venv_blocked(account: Account, venv: str) -> dict[str, str] | None:
     """Where ``account`` is stopped running the venv's python as that venv, or None (also when not built yet)."""
     if not os.path.isdir(venv):
@@ -161,6 +213,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--own", action="append", default=[], help="VAR=PATH the role creates for the account")
     parser.add_argument("--venv", action="append", default=[], help="VAR=DIR of the venv whose python it must run")
     parser.add_argument("--devices", action="append", default=[], help="glob of device nodes it must open")
+    parser.add_argument("--root-runs", action="append", default=[], help="VAR=PATH root runs code from")
     args = parser.parse_args(argv)
     device_groups, device_problems = devices(args.devices)
     account = Account(args.user, [args.group, *args.groups, *device_groups])
@@ -177,7 +230,13 @@ def main(argv: list[str]) -> int:
         where = None if variable in {p["variable"] for p in problems} else venv_blocked(account, path)
         if where:
             venv_problems.append({"variable": variable, "path": path, **where})
-    out = {"problems": problems, "venv_problems": venv_problems}
+    root_runs_problems = []
+    for variable, path in _pairs(args.root_runs):
+        where = others_write(path)
+        if where and variable not in {p["variable"] for p in root_runs_problems}:
+            writable_at = where.pop("blocked_at")
+            root_runs_problems.append({"variable": variable, "path": path, "writable_at": writable_at, **where})
+    out = {"problems": problems, "venv_problems": venv_problems, "root_runs_problems": root_runs_problems}
     print(json.dumps({**out, "device_groups": device_groups, "device_problems": device_problems}))
     return 0
 

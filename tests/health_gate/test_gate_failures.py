@@ -100,6 +100,15 @@ def test_sglang_version_and_accept_length_from_server_info(fake_server):
     assert "sk-leak" not in json.dumps(report)
 
 
+def test_the_report_names_the_mamba_strategy_under_both_of_sglangs_names(fake_server):
+    """SGLang 0.5.17 renamed mamba_scheduler_strategy to mamba_radix_cache_strategy and reports the old name as
+    null (measured on one H100: bench/results/correctness_trained_gpu.md); the report keeps both."""
+    info = {"version": "0.5.17", "mamba_scheduler_strategy": None, "mamba_radix_cache_strategy": "extra_buffer"}
+    report = llm_gate.run_gate(base_options(fake_server(server_info=info).url))
+    assert report["server"]["mamba_radix_cache_strategy"] == "extra_buffer"
+    assert report["server"]["mamba_scheduler_strategy"] is None
+
+
 def test_low_accept_length_fails_the_gate(fake_server):
     info = {
         "version": "0.5.11",

@@ -24,6 +24,7 @@ SERVER_INFO_KEYS = (
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
     "mamba_scheduler_strategy",
+    "mamba_radix_cache_strategy",  # its name from SGLang 0.5.17 on (the old one stays, null)
     "attention_backend",
     "disable_radix_cache",
     "enable_metrics",

@@ -175,14 +175,9 @@ def test_a_venv_beyond_a_closed_directory_is_a_problem_of_reach(base):
     assert found["venv_problems"] == []
 
 
-def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_anything_changes(base):
-    """tasks/access.yml as deploy.yml runs it (ansible-playbook on localhost), nobody as the account."""
-    venv = venv_under(base, 0o077)
-    (base / "opt" / "ml-env").symlink_to(venv)
-    model = base / "srv" / "model"
-    model.mkdir(parents=True)
-    for path in (base / "srv", model):
-        path.chmod(0o755)
+def access_check_refusal(base: Path, model: Path, venv: Path, link: Path | None = None) -> str:
+    """tasks/access.yml as deploy.yml runs it (ansible-playbook on localhost), nobody as the account, with the
+    host_path ``model``, the lock's ``venv`` and the venv link ``link``: the sentence it stopped with (it must)."""
     (base / "controller").mkdir()
     variables = {
         "inference_server_user": "nobody",
@@ -191,7 +186,7 @@ def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_a
         "inference_server_gpu_devices": [],
         "inference_server_state_dir": str(base / "state"),
         "inference_server_cache_dir": str(base / "cache"),
-        "ml_env_path": str(base / "opt" / "ml-env"),
+        "ml_env_path": str(link or ""),
         "ml_env_venv_dir": str(venv),
         "model_sync_source": {"type": "host_path", "path": str(model)},
         "model_sync_root": str(base / "srv"),
@@ -200,8 +195,19 @@ def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_a
     run = run_role_tasks(base / "controller", variables, ["access.yml"], check_mode=False, json_output=True)
     failed = [result for _, result in task_results(run) if result.get("failed")]
     assert run.returncode != 0 and failed, run.stdout[-3000:]
+    return " ".join(failed[-1]["msg"].split())
+
+
+def test_the_roles_access_check_refuses_a_closed_venv_with_one_sentence_before_anything_changes(base):
+    """tasks/access.yml as deploy.yml runs it (ansible-playbook on localhost), nobody as the account."""
+    venv = venv_under(base, 0o077)
+    (base / "opt" / "ml-env").symlink_to(venv)
+    model = base / "srv" / "model"
+    model.mkdir(parents=True)
+    for path in (base / "srv", model):
+        path.chmod(0o755)
     link = base / "opt" / "ml-env"
-    assert " ".join(failed[-1]["msg"].split()) == (
+    assert access_check_refusal(base, model, venv, link) == (
         f"inference_server_user nobody cannot run the python of ml_env_path's venv {link} ({link} is 0700 "
         "root:root, it needs search (x)), so the server could not start (203/EXEC): open the venv to other accounts "
         f"with chmod -R go+rX {link} (it was built under a umask that closed it; ml_env builds venvs open since "
@@ -271,24 +277,7 @@ def test_the_roles_access_check_refuses_a_model_the_account_can_change_before_an
     """tasks/access.yml as deploy.yml runs it, nobody as the account and the owner of the model's code."""
     model = model_tree(base)
     shutil.chown(model / "modeling_x.py", user=NOBODY[0])
-    (base / "controller").mkdir()
-    variables = {
-        "inference_server_user": "nobody",
-        "inference_server_group": "nogroup",
-        "inference_server_supplementary_groups": [],
-        "inference_server_gpu_devices": [],
-        "inference_server_state_dir": str(base / "state"),
-        "inference_server_cache_dir": str(base / "cache"),
-        "ml_env_path": "",
-        "ml_env_venv_dir": str(base / "opt" / "not-built-yet"),
-        "model_sync_source": {"type": "host_path", "path": str(model)},
-        "model_sync_root": str(base / "srv"),
-        "model_sync_name": "model",
-    }
-    run = run_role_tasks(base / "controller", variables, ["access.yml"], check_mode=False, json_output=True)
-    failed = [result for _, result in task_results(run) if result.get("failed")]
-    assert run.returncode != 0 and failed, run.stdout[-3000:]
-    assert " ".join(failed[-1]["msg"].split()) == (
+    assert access_check_refusal(base, model, base / "opt" / "not-built-yet") == (
         f"model_sync_source.path {model} can be changed by nobody ({model / 'modeling_x.py'} is 0644 nobody:root), "
         "but root runs code from it (the engine's check imports the model's own code and runs the venv's python): "
         "make it root's and writable by root alone (chown -R root:root and chmod -R go-w, the directories above it "

@@ -795,7 +795,7 @@ def main():
     if "perturbed" in sys.argv[sys.argv.index("--model-path") + 1]:
         LM.mode = "wrong_answers"  # another revision of the model: it lost its answers
     if any(word.startswith("--kv-cache-dtype") for word in sys.argv):
-        LM.mode = "broken"  # a lossy KV cache: its tokens break
+        LM.mode = "broken"  # the stand-in's setting that breaks its tokens (real SGLang's fp8 KV cache does not)
     print("env SGLANG_ENABLE_SPEC_V2=" + os.environ.get("SGLANG_ENABLE_SPEC_V2", "unset"), flush=True)
     print("env NCCL_NVLS_ENABLE=" + os.environ.get("NCCL_NVLS_ENABLE", "unset"), flush=True)
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()

@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="ARG",
         help="a server argument the setting step adds to the plan (repeatable, e.g. "
-        "--setting=--kv-cache-dtype=fp8_e5m2): a setting that corrupts tokens, which the gate must refuse",
+        "--setting=--quantization=fp8): a setting that corrupts tokens, which the gate must refuse",
     )
     add_gate_arg(p, "argument for every gate of the steps, after the manifest's (repeatable)")
     p.add_argument("--timeout", type=float, default=570, help="limit for each start and each gate (default 570 s)")

@@ -22,9 +22,11 @@ turn:
 6. ``perturbed`` (with ``--perturbed-model DIR``, e.g. ``tools/make-tiny-model --from MODEL
    --perturb 0.1``): the plan serving that other revision, gated against ``first``: a gate that
    passes it is a gate that cannot tell a damaged model.
-7. ``setting`` (with ``--setting ARG``, repeatable, e.g. ``--setting=--kv-cache-dtype=fp8_e5m2``):
-   the plan with those server arguments added, gated against ``first``: a setting that corrupts
-   tokens (a lossy KV cache, a wrong kernel) must be refused as well.
+7. ``setting`` (with ``--setting ARG``, repeatable, e.g. ``--setting=--quantization=fp8``):
+   the plan with those server arguments added, gated against ``first``: a setting that changes the
+   model's numbers past the bound (``--quantization fp8``) or its answers (a wrong ``--chat-template``)
+   must be refused; one that stays within them (``--kv-cache-dtype fp8_e5m2`` on the trained model) passes
+   (bench/results/correctness_trained_gpu.md).
 
 ``--gates N`` gates each started server N times (default 1): in ``first`` the first gate records
 the reference and the others are compared with it, so a trained model's figures (margins, the
@@ -283,7 +285,7 @@ def cmd_correctness(args: argparse.Namespace, dev: Device) -> int:
     plan = dev.plan()
     out = dev.root / f"correctness-{args.name}.json"
     reference = dev.root / f"correctness-{args.name}-first.json"
-    compared = {"again", "no-spec", "traffic", "perturbed", "setting"} & set(steps)
+    compared = set(steps) - {"first", "versus"}  # every other step is gated against first
     if compared and "first" not in steps and not reference.is_file():
         raise AcceptanceError(f"no first step recorded in {reference}: run --steps first before the others")
     record: dict[str, Any] = json.loads(out.read_text()) if out.is_file() else {"name": args.name}

@@ -202,7 +202,13 @@ def test_wait_ready_gives_up_at_once_when_the_server_is_gone():
     finished = subprocess.Popen([sys.executable, "-c", "import os; print(os.getpid())"], stdout=subprocess.PIPE)
     pid = int(finished.communicate()[0])
     out = subprocess.run(
-        [sys.executable, str(WAIT_READY), f"http://127.0.0.1:{free_port()}/health", "0.1"],
+        [
+            sys.executable,
+            "-SE",
+            str(launcher_as_on_a_host(WAIT_READY)),
+            f"http://127.0.0.1:{free_port()}/health",
+            "0.1",
+        ],
         env={"MAINPID": str(pid)},
         capture_output=True,
         text=True,
@@ -221,7 +227,7 @@ def test_wait_ready_returns_once_health_answers_200(tmp_path):
     )
     try:
         out = subprocess.run(
-            [sys.executable, str(WAIT_READY), f"http://127.0.0.1:{port}/health", "0.1"],
+            [sys.executable, "-SE", str(launcher_as_on_a_host(WAIT_READY)), f"http://127.0.0.1:{port}/health", "0.1"],
             env={"MAINPID": str(server.pid)},
             capture_output=True,
             text=True,

@@ -96,6 +96,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--model", help="model id (default: first id of /v1/models; required when it lists none)")
     p.add_argument("--api-key-file", help="file holding the API key (else $HEALTH_GATE_API_KEY)")
+    p.add_argument(
+        "--listener-user",
+        help="the account that runs the server: refuse, before any key is sent, a listener on the URL's port "
+        "(of this host) that belongs to another account",
+    )
     p.add_argument("--engine", choices=llm_gate.ENGINES, default=d["engine"])
     floats(
         ("--ready-timeout", "ready_timeout_s", "seconds to wait for readiness"),
@@ -218,6 +223,7 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
         "allow_prior_restarts": args.allow_prior_restarts,
         "model": args.model,
         "api_key": api_key,
+        "listener_user": args.listener_user,
         "engine": args.engine,
         "ready_timeout_s": args.ready_timeout_s,
         "poll_interval_s": args.poll_interval_s,

@@ -41,7 +41,12 @@ def through(fault: str) -> dict[str, Any]:
     """The deploy variables that turn ``fault``'s stand-in on (the unit's marker) and gate through it."""
     port, marker = STAND_INS[fault]
     name, value = marker.split("=")
-    return {"inference_server_environment": {name: value}, "health_gate_url": f"http://127.0.0.1:{port}"}
+    # The stand-in runs as root (systemd-run), not as the service account: the gate's listener check expects root.
+    return {
+        "inference_server_environment": {name: value},
+        "health_gate_url": f"http://127.0.0.1:{port}",
+        "health_gate_listener_user": "root",
+    }
 
 
 @pytest.fixture(scope="module")

@@ -65,6 +65,14 @@ options:
       - Empty or omitted means the server is not watched; a dead server is then only
         noticed when O(ready_timeout_s) passes.
     type: str
+  listener_user:
+    description:
+      - The account that runs the server (a name or a uid). When set and O(url) names this host, every
+        request first reads who listens on its port (C(/proc/net/tcp), C(/proc/net/tcp6)) and the gate fails,
+        before it sends a key, when a listening socket there belongs to another account (a local user that
+        bound the port while the server was loading).
+      - Empty or omitted means not checked.
+    type: str
   allow_prior_restarts:
     description:
       - C(NRestarts) is reset by a deliberate (re)start, so a value above 0 when the gate
@@ -493,6 +501,7 @@ def argument_spec() -> dict:
         allow_prior_restarts=dict(type="bool", default=DEFAULTS["allow_prior_restarts"]),
         model=dict(type="str"),
         api_key=dict(type="str", no_log=True),
+        listener_user=dict(type="str"),
         engine=dict(type="str", default=DEFAULTS["engine"], choices=list(ENGINES)),
         prompts=dict(type="raw"),
         baseline=dict(type="dict"),
@@ -517,6 +526,8 @@ def main() -> None:
     report_dir = params.get("report_dir")
     if not params.get("unit"):
         params["unit"] = None
+    if not params.get("listener_user"):
+        params["listener_user"] = None
     try:
         report = run_gate(params)
     except GateUsageError as exc:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import http.client
 import json
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from .listener import ListenerGuard
 
 BODY_QUOTE_CHARS = 2000
 
@@ -21,10 +24,35 @@ def quote_body(body: bytes, limit: int = BODY_QUOTE_CHARS) -> str:
     return text
 
 
-class Endpoint:
-    """Base URL of the server plus the optional API key (sent as a Bearer token)."""
+class _Guarded:
+    """A connection that asks its guard (:mod:`.listener`) who listens before it connects and who
+    accepted it after, before a byte (the key in the headers) is sent."""
 
-    def __init__(self, url: str, api_key: str | None = None) -> None:
+    guard: ListenerGuard | None = None
+    sock: Any
+
+    def connect(self) -> None:
+        """Connect, between the guard's two checks."""
+        if self.guard is not None:
+            self.guard.check()
+        super().connect()  # type: ignore[misc]
+        if self.guard is not None:
+            self.guard.verify(self.sock)
+
+
+class _GuardedHTTP(_Guarded, http.client.HTTPConnection):
+    """Plain HTTP, guarded."""
+
+
+class _GuardedHTTPS(_Guarded, http.client.HTTPSConnection):
+    """HTTPS, guarded (the check of who accepted is made once TLS is up, still before the request)."""
+
+
+class Endpoint:
+    """Base URL of the server plus the optional API key (sent as a Bearer token) and the guard that
+    checks, before every connection, who listens on the port (:mod:`.listener`)."""
+
+    def __init__(self, url: str, api_key: str | None = None, guard: ListenerGuard | None = None) -> None:
         """Split ``url`` into scheme, host, port and path prefix."""
         parts = urllib.parse.urlsplit(url)
         self.scheme = parts.scheme
@@ -34,12 +62,19 @@ class Endpoint:
         self.api_key = api_key or None
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.display = f"{self.scheme}://{host}:{self.port}{self.prefix}"
+        self.guard = guard
+
+    def with_key(self, api_key: str | None) -> Endpoint:
+        """The same server and guard with another key (the admin key of an admin endpoint)."""
+        return Endpoint(self.display, api_key, self.guard)
 
     def connect(self, timeout: float) -> http.client.HTTPConnection:
-        """A new connection (one per request: simple and safe across threads)."""
-        if self.scheme == "https":
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout)
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        """A new connection (one per request: simple and safe across threads); it connects on its first
+        request, and then, with a guard, only after the guard's checks (:class:`_Guarded`)."""
+        kind = _GuardedHTTPS if self.scheme == "https" else _GuardedHTTP
+        conn = kind(self.host, self.port, timeout=timeout)
+        conn.guard = self.guard
+        return conn
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """Request headers, with ``Authorization`` when an API key is set."""

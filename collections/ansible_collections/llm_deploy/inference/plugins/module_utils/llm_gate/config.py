@@ -65,6 +65,9 @@ class GateConfig:
     log_file: str | None = None
     model: str | None = None
     api_key: str | None = None
+    # The account that runs the server: a local listener on the URL's port of any other account is
+    # refused before a key is sent to it (llm_gate/listener.py). None: not checked.
+    listener_user: str | None = None
     engine: str = "auto"
     ready_timeout_s: float = _ranged(1800.0, 0, "more than 0 seconds", strict=True)
     poll_interval_s: float = _ranged(1.0, 0, "more than 0 seconds", strict=True)
@@ -355,6 +358,8 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
         errors.append("metadata must be a mapping")
     if cfg.get("unit") is not None and not isinstance(cfg.get("unit"), str):
         errors.append("unit must be a string")
+    if cfg.get("listener_user") is not None and not isinstance(cfg.get("listener_user"), str):
+        errors.append("listener_user must be an account name or uid")
     try:
         cfg["prompts"] = load_prompts(cfg.get("prompts"))
     except GateUsageError as exc:

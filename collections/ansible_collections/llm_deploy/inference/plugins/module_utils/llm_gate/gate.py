@@ -13,7 +13,8 @@ from . import discovery
 from .client import Endpoint
 from .config import SCHEMA_VERSION, GateConfig
 from .correctness import reference_of, wanted
-from .errors import GateFailure, RequestError
+from .errors import GateFailure, GateUsageError, RequestError
+from .listener import make_guard
 from .monitor import Monitor
 from .probe import run_probe
 from .probeset import probe_identity
@@ -34,6 +35,8 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
         "timestamp": stamp,
         "host": socket.gethostname(),
         "url": endpoint.display,
+        # The account every listener on the port must belong to (llm_gate/listener.py); None: not checked.
+        "listener_user": endpoint.guard.user if endpoint.guard else None,
         "engine": cfg.engine if cfg.engine != "auto" else None,
         "version": None,
         "model": None,
@@ -275,6 +278,10 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
             progress(f"[{time.monotonic() - t_start:7.1f} s] {message}")
 
     endpoint = Endpoint(cfg.url, cfg.api_key)
+    try:
+        endpoint.guard = make_guard(endpoint.host, endpoint.port, cfg.listener_user)
+    except ValueError as exc:
+        raise GateUsageError(str(exc)) from exc
     watcher = make_watcher(cfg)
     monitor = Monitor(watcher, max(0.2, min(cfg.poll_interval_s / 2.0, 1.0)))
     report = _new_report(cfg, endpoint, watcher, started.strftime(TIMESTAMP_FORMAT))

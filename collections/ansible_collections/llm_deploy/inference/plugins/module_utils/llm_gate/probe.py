@@ -145,7 +145,7 @@ class SGLangCalls(EngineCalls):
     def flush(self) -> str | None:
         """``POST /flush_cache`` (an admin endpoint: the admin key when set, else the API key), waiting
         up to :data:`FLUSH_WAIT_S` for the server to be idle (clients' requests in flight)."""
-        endpoint = Endpoint(self.endpoint.display, self.admin_api_key or self.endpoint.api_key)
+        endpoint = self.endpoint.with_key(self.admin_api_key or self.endpoint.api_key)
         wait = min(FLUSH_WAIT_S, self.timeout)
         try:
             status, body = endpoint.request("POST", f"/flush_cache?timeout={wait:g}", None, timeout=self.timeout + wait)

@@ -281,7 +281,8 @@ def restore(directory: str, unit: str, venv_link: str) -> dict[str, object]:
     """
     with open(os.path.join(directory, "by-hand.json"), encoding="utf-8") as handle:
         state = json.load(handle)
-    done: dict[str, object] = {"changed": False}
+    # uid: the account the server runs as, whose listener the gate expects on the port (llm_gate/listener.py).
+    done: dict[str, object] = {"changed": False, "uid": state["uid"]}
     venv, kept = state.get("venv"), state.get("venv_kept")
     if venv and kept and os.path.isdir(kept) and (os.path.islink(venv) or not os.path.lexists(venv)):
         if os.path.islink(venv):

@@ -14,21 +14,35 @@ import re
 from collections.abc import Iterable
 
 
-def listening(port: int) -> dict[str, int]:
-    """Socket inode -> owner uid of the TCP sockets in LISTEN state on ``port`` (IPv4 and IPv6)."""
-    found: dict[str, int] = {}
+def _tcp_sockets() -> Iterable[tuple[int, int, str, int, str]]:
+    """(local port, remote port, state, owner uid, inode) of every TCP socket (IPv4 and IPv6)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table, encoding="ascii") as handle:
                 next(handle)
                 for line in handle:
                     fields = line.split()
-                    local, state, uid, inode = fields[1], fields[3], fields[7], fields[9]
-                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                        found[inode] = int(uid)
+                    local, remote, state, uid, inode = fields[1], fields[2], fields[3], fields[7], fields[9]
+                    yield int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16), state, int(uid), inode
         except FileNotFoundError:
             continue
-    return found
+
+
+def listening(port: int) -> dict[str, int]:
+    """Socket inode -> owner uid of the TCP sockets in LISTEN state on ``port`` (IPv4 and IPv6)."""
+    return {inode: uid for local, _remote, state, uid, inode in _tcp_sockets() if state == "0A" and local == port}
+
+
+def accepting_uid(server_port: int, client_port: int) -> int | None:
+    """The owner uid of this host's server side of the connection from ``client_port`` to ``server_port``.
+
+    The socket a listener accepts is its listener's, owner included, from the handshake on (before
+    the process calls accept()); None when this host has no such connection.
+    """
+    for local, remote, state, uid, _inode in _tcp_sockets():
+        if state == "01" and local == server_port and remote == client_port:
+            return uid
+    return None
 
 
 def holds(pid: int | str, inodes: Iterable[str]) -> bool:

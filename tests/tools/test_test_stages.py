@@ -248,3 +248,48 @@ def test_a_run_notes_the_machine_at_its_start_and_end_and_each_stages_lane(stage
     assert _tool("report", "--record", str(record)).returncode == 0
     again = json.loads(record.read_text())["runs"][-1]
     assert again["yardstick_s"] == run["yardstick_s"] and again["load_avg"] == run["load_avg"]
+
+
+def test_how_busy_the_machine_was_is_read_from_its_cpu_counters(tmp_path: Path) -> None:
+    """Busy is all of /proc/stat's first line but idle and iowait; two readings give the share between."""
+    hertz = os.sysconf("SC_CLK_TCK")
+    stat_file = tmp_path / "stat"
+    stat_file.write_text(f"cpu  {3 * hertz} 0 {hertz} {5 * hertz} {hertz} 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    assert test_stages.cpu_seconds(str(stat_file)) == [4.0, 10.0]
+    assert test_stages.cpu_seconds(str(tmp_path / "absent")) == [0.0, 0.0]
+    assert test_stages.busy_between([4.0, 10.0], [7.0, 14.0]) == 0.75
+    assert test_stages.busy_between([0.0, 0.0], [0.0, 0.0]) is None
+    busy, total = test_stages.cpu_seconds()
+    assert 0 < busy < total  # this machine's own counters
+
+
+def test_the_containers_cpu_is_summed_over_those_that_came_and_went(tmp_path: Path) -> None:
+    """cgroup v1 (cpuacct.usage, ns) and v2 (cpu.stat usage_usec); a container removed between samples keeps
+    its last sample; one that ran before the meter started counts only what it used after."""
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    (v1 / "old").mkdir(parents=True)
+    (v1 / "old" / "cpuacct.usage").write_text(str(5 * 10**9))
+    patterns = (str(v1 / "*" / "cpuacct.usage"), str(v2 / "*" / "cpu.stat"))
+    meter = test_stages.ContainerMeter(interval=3600, patterns=patterns).start()
+    (v1 / "old" / "cpuacct.usage").write_text(str(7 * 10**9))
+    (v2 / "gone").mkdir(parents=True)
+    (v2 / "gone" / "cpu.stat").write_text("usage_usec 4000000\nuser_usec 3000000\n")
+    meter._sample()
+    (v2 / "gone" / "cpu.stat").unlink()
+    (v2 / "gone").rmdir()
+    assert test_stages.container_cpu_seconds(patterns) == {str(v1 / "old"): 7.0}
+    assert meter.stop() == {"containers": 2, "cpu_s": 6.0}
+
+
+def test_the_report_says_how_busy_the_run_was_and_where(stages: Path) -> None:
+    machine = {
+        "start": {"load_avg": [1, 1, 1], "yardstick_s": 0.5, "cpu": [100.0, 200.0]},
+        "end": {"load_avg": [2, 2, 2], "yardstick_s": 0.6, "cpu": [1900.0, 2200.0]},
+    }
+    stage = {**_stage("molecule fleet", 1000, 10.0, lane="lane 1"), "busy": 0.93}
+    run = test_stages.build_run([stage], "test", machine, {"busy_cpu_s": 1800.0, "cpu_s": 1200.0, "containers": 3})
+    assert (run["cpu_busy_s"], run["busy"], run["stages"][0]["busy"]) == (1800.0, 0.9, 0.93)
+    text = test_stages.render(run, 2400)
+    assert "93 %" in text
+    assert f"CPU: 1800 core-seconds busy, 90 % of {run['cpus']} cores x wall" in text
+    assert "lanes: 1800 core-seconds busy, 1200 of them (67 %) inside the 3 containers" in text

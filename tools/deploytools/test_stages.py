@@ -34,6 +34,10 @@ and the console says so. Its output goes to
 and a **yardstick**, the seconds one core takes for a fixed small workload (:func:`yardstick`,
 the best of three), so that runs on machines 1.5x apart can be compared: a run's stages divided
 by its yardstick are in "yardsticks", comparable across machines as far as the work is CPU-bound.
+Each stage and the whole run also keep how **busy** the machine was meanwhile (``/proc/stat``: the
+share of all cores' time not idle, machine-wide, so stages that overlap in lanes share it) and the
+run its busy core-seconds: a run 95 % busy is bound by its CPU work, and no order of lanes makes it
+shorter than its busy core-seconds over the cores; one half idle waits on timers and servers.
 
 ``report`` prints the table (stages with the lane each ran in, then each scenario's actions) and ends with one line
 that compares the run's wall time with the budget and names the three slowest stages; it is
@@ -48,6 +52,7 @@ all passed); ``report`` exits 0, or 2 when the run has no stages.
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -113,10 +118,92 @@ def yardstick(rounds: int = 3) -> float:
     return round(best, 3)
 
 
+def cpu_seconds(stat_file: str = "/proc/stat") -> list[float]:
+    """[busy, all] core-seconds of the whole machine since boot (``/proc/stat``'s first line; busy is all but
+    idle and iowait); [0, 0] where there is no such file. Two readings give how busy the machine was between."""
+    try:
+        with open(stat_file, encoding="ascii") as handle:
+            ticks = [int(value) for value in handle.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return [0.0, 0.0]
+    hertz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]
+    return [round((sum(ticks) - idle) / hertz, 1), round(sum(ticks) / hertz, 1)]
+
+
+def busy_between(before: Sequence[float], after: Sequence[float]) -> float | None:
+    """The machine's busy share between two :func:`cpu_seconds` readings (0-1; None without readings)."""
+    spent = after[1] - before[1]
+    return round((after[0] - before[0]) / spent, 3) if spent > 0 else None
+
+
+# Where a container's CPU time is counted: cgroup v1 (cpuacct.usage, nanoseconds; docker's cgroupfs driver)
+# and v2 (cpu.stat's usage_usec; the cgroupfs and systemd drivers).
+CONTAINER_CPU_FILES = (
+    "/sys/fs/cgroup/cpuacct/docker/*/cpuacct.usage",
+    "/sys/fs/cgroup/cpu,cpuacct/docker/*/cpuacct.usage",
+    "/sys/fs/cgroup/docker/*/cpu.stat",
+    "/sys/fs/cgroup/system.slice/docker-*.scope/cpu.stat",
+)
+
+
+def container_cpu_seconds(patterns: Sequence[str] = CONTAINER_CPU_FILES) -> dict[str, float]:
+    """CPU seconds each running container has used so far, by its cgroup folder (empty without any)."""
+    found: dict[str, float] = {}
+    for path in (Path(name) for pattern in patterns for name in glob.glob(pattern)):
+        try:
+            text = path.read_text(encoding="ascii")
+        except OSError:
+            continue
+        if path.name == "cpuacct.usage":
+            found[str(path.parent)] = int(text.strip() or 0) / 1e9
+        else:
+            usage = re.search(r"^usage_usec (\d+)", text, re.MULTILINE)
+            found[str(path.parent)] = int(usage.group(1)) / 1e6 if usage else 0.0
+    return found
+
+
+class ContainerMeter:
+    """Samples the containers' CPU counters every ``interval`` s while the lanes run; a container's last
+    sample before it is removed is (within one interval) all it used. ``total`` sums them."""
+
+    def __init__(self, interval: float = 5.0, patterns: Sequence[str] = CONTAINER_CPU_FILES) -> None:
+        """Not started yet (:meth:`start`)."""
+        self.interval, self.patterns = interval, patterns
+        self.seen: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="container-meter", daemon=True)
+
+    def _sample(self) -> None:
+        for folder, seconds in container_cpu_seconds(self.patterns).items():
+            self.seen[folder] = max(seconds, self.seen.get(folder, 0.0))
+
+    def _loop(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(self.interval):
+                return
+
+    def start(self) -> ContainerMeter:
+        """Begin sampling (the containers that exist already count from zero: only what they use from now)."""
+        self.base = container_cpu_seconds(self.patterns)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        """Stop, and return ``{"containers", "cpu_s"}``: how many containers ran and the core-seconds they used."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        used = {k: v - self.base.get(k, 0.0) for k, v in self.seen.items()}
+        return {"containers": len(used), "cpu_s": round(sum(used.values()), 1)}
+
+
 def note_machine(when: str) -> dict[str, Any]:
-    """Record the machine's load average and yardstick now (``when``: start or end) in the run's file."""
+    """Record the machine's load average, yardstick and CPU counters now (``when``: start or end) in the run's file."""
     record_ = {"kind": "machine", "name": f"machine at {when}", "when": when, "at": _now(),
-               "load_avg": [round(x, 2) for x in os.getloadavg()], "yardstick_s": yardstick()}  # fmt: skip
+               "load_avg": [round(x, 2) for x in os.getloadavg()], "cpu": cpu_seconds(),
+               "yardstick_s": yardstick()}  # fmt: skip
     _append(record_)
     return record_
 
@@ -138,7 +225,15 @@ def read_records(path: Path | None = None) -> list[dict[str, Any]]:
 
 def read_stages(path: Path | None = None) -> list[dict[str, Any]]:
     """Return the stages recorded so far, in the order they ended."""
-    return [r for r in read_records(path) if r.get("kind") != "machine"]
+    return [r for r in read_records(path) if r.get("kind") not in ("machine", "containers")]
+
+
+def read_containers(path: Path | None = None) -> dict[str, Any] | None:
+    """The CPU of the lanes (:class:`ContainerMeter`), summed over the run's ``molecule`` commands; None without."""
+    found = [r for r in read_records(path) if r.get("kind") == "containers"]
+    if not found:
+        return None
+    return {key: round(sum(r[key] for r in found), 1) for key in ("busy_cpu_s", "cpu_s", "containers")}
 
 
 def read_machine(path: Path | None = None) -> dict[str, dict[str, Any]]:
@@ -191,14 +286,15 @@ def beside_cgroup(hierarchies: Sequence[tuple[Path, str, str]] = BESIDE_CGROUP_H
 def run_stage(name: str, command: Sequence[str]) -> int:
     """Run one stage, streaming its output, and record it; return its exit status."""
     print(f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {' '.join(command)}", flush=True)
-    start = _now()
+    start, cpu = _now(), cpu_seconds()
     try:
         rc = subprocess.call(list(command))
     except OSError as exc:
         print(f"test-stages: cannot run {command[0]!r}: {exc}", file=sys.stderr)
         rc = 127
     end = _now()
-    _append({"kind": "stage", "name": name, "start": start, "end": end, "seconds": round(end - start, 1), "rc": rc})
+    _append({"kind": "stage", "name": name, "start": start, "end": end, "seconds": round(end - start, 1), "rc": rc,
+             "busy": busy_between(cpu, cpu_seconds())})  # fmt: skip
     print(
         f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
         f"in {end - start:.0f} s",
@@ -261,7 +357,7 @@ class LaneJob:
 
     def run(self, lock: threading.Lock) -> None:
         """Run the command; keep its output, note each molecule action as it starts."""
-        self.start = _now()
+        self.start, cpu = _now(), cpu_seconds()
         env = dict(os.environ, PY_COLORS="0", NO_COLOR="1", ANSIBLE_FORCE_COLOR="0")
         with self.log_path.open("w", encoding="utf-8", buffering=1) as log:
             try:
@@ -304,6 +400,7 @@ class LaneJob:
             "end": self.end,
             "seconds": round(self.end - self.start, 1),
             "rc": self.rc,
+            "busy": busy_between(cpu, cpu_seconds()),
         }
         if self.lane:
             record_["lane"] = self.lane
@@ -396,10 +493,13 @@ def run_lanes(scenarios: Sequence[str], lanes: int, beside_jobs: Sequence[tuple[
     threads += [
         threading.Thread(target=lane, args=(i + 1,), name=f"lane-{i + 1}") for i in range(lanes if order else 0)
     ]
+    meter, cpu = ContainerMeter().start(), cpu_seconds()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    _append({"kind": "containers", "name": "the lanes' containers", "busy_cpu_s": round(cpu_seconds()[0] - cpu[0], 1),
+             **meter.stop()})  # fmt: skip
     failed = [j for j in done if j.rc != 0]
     for job in failed:
         print(f"==> {job.name} FAILED (exit {job.rc}); its log: {job.log_path}")
@@ -416,7 +516,10 @@ def _fmt(seconds: float) -> str:
 
 
 def build_run(
-    stages: list[dict[str, Any]], label: str, machine: dict[str, dict[str, Any]] | None = None
+    stages: list[dict[str, Any]],
+    label: str,
+    machine: dict[str, dict[str, Any]] | None = None,
+    containers: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the run as recorded in make_test_times.json: wall time, each stage (its lane and its
     start in the run), the machine (load average and yardstick at the start and at the end)."""
@@ -434,14 +537,26 @@ def build_run(
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
         "load_avg": {when: m["load_avg"] for when, m in machine.items()},
         "yardstick_s": {when: m["yardstick_s"] for when, m in machine.items()},
+        # Busy core-seconds of the whole machine from start to end, and their share of cores x wall.
+        **_cpu_of_run(machine),
+        # While the lanes ran: the machine's busy core-seconds and those of the scenarios' containers.
+        **({"lanes_cpu": containers} if containers else {}),
         "total_s": round(end - start, 1),
         "passed": all(s["rc"] == 0 for s in stages),
         "stages": [
-            {**{k: s[k] for k in ("name", "seconds", "rc", "lane", "actions") if k in s},
+            {**{k: s[k] for k in ("name", "seconds", "rc", "lane", "busy", "actions") if k in s},
              "start_s": round(s["start"] - start, 1)}
             for s in stages
         ],
     }  # fmt: skip
+
+
+def _cpu_of_run(machine: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``cpu_busy_s`` and ``busy`` of the run, from the CPU counters of its start and end (none without both)."""
+    if not all(machine.get(when, {}).get("cpu", [0, 0])[1] > 0 for when in ("start", "end")):
+        return {}
+    before, after = machine["start"]["cpu"], machine["end"]["cpu"]
+    return {"cpu_busy_s": round(after[0] - before[0], 1), "busy": busy_between(before, after)}
 
 
 def render(run: dict[str, Any], budget_s: float) -> str:
@@ -449,13 +564,14 @@ def render(run: dict[str, Any], budget_s: float) -> str:
     lines = [
         "",
         f"make test: where the time went ({run['date']}, {run['cpus']} CPUs, commit {run['commit']})",
-        f"{'stage':<34} {'time':>7} {'s':>7} {'from':>7}  {'lane':<8} result",
+        f"{'stage':<34} {'time':>7} {'s':>7} {'from':>7}  {'lane':<8} {'busy':>5}  result",
     ]
     for stage in run["stages"]:
         result = "ok" if stage["rc"] == 0 else f"FAILED ({stage['rc']})"
+        busy = f"{100 * stage['busy']:.0f} %" if stage.get("busy") is not None else ""
         lines.append(
             f"{stage['name']:<34} {_fmt(stage['seconds']):>7} {stage['seconds']:>7.0f} "
-            f"{_fmt(stage.get('start_s', 0.0)):>7}  {stage.get('lane', ''):<8} {result}"
+            f"{_fmt(stage.get('start_s', 0.0)):>7}  {stage.get('lane', ''):<8} {busy:>5}  {result}"
         )
         for action in stage.get("actions", []):
             lines.append(f"  {action['action']:<32} {_fmt(action['seconds']):>7} {action['seconds']:>7.0f}")
@@ -466,6 +582,18 @@ def render(run: dict[str, Any], budget_s: float) -> str:
         if when in run.get("yardstick_s", {}):
             load = "/".join(f"{x:g}" for x in run["load_avg"][when])
             lines.append(f"machine at the {when}: load {load} (1, 5, 15 min), yardstick {run['yardstick_s'][when]} s")
+    if run.get("cpu_busy_s") is not None:
+        lines.append(
+            f"CPU: {run['cpu_busy_s']:.0f} core-seconds busy, {100 * run['busy']:.0f} % of {run['cpus']} cores x wall; "
+            f"the same work takes at least {run['cpu_busy_s'] / run['cpus']:.0f} s on {run['cpus']} such cores"
+        )
+    lanes = run.get("lanes_cpu")
+    if lanes and lanes["busy_cpu_s"] > 0:
+        lines.append(
+            f"lanes: {lanes['busy_cpu_s']:.0f} core-seconds busy, {lanes['cpu_s']:.0f} of them "
+            f"({100 * lanes['cpu_s'] / lanes['busy_cpu_s']:.0f} %) inside the {lanes['containers']:.0f} containers "
+            "(servers, modules), the rest on the controller (ansible, molecule, pytest, docker)"
+        )
     slowest = sorted(run["stages"], key=lambda s: -s["seconds"])[:3]
     named = ", ".join(f"{s['name']} {s['seconds']:.0f} s" for s in slowest)
     share = 100.0 * run["total_s"] / budget_s
@@ -500,7 +628,7 @@ def _report(args: argparse.Namespace, out: TextIO) -> int:
     if not stages:
         print(f"test-stages: no stages recorded in {stages_file()}", file=sys.stderr)
         return 2
-    run = build_run(stages, args.label, machine)
+    run = build_run(stages, args.label, machine, read_containers())
     print(render(run, args.budget_s), file=out, flush=True)
     if args.record:
         record(run, Path(args.record))

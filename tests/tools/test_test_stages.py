@@ -293,3 +293,16 @@ def test_the_report_says_how_busy_the_run_was_and_where(stages: Path) -> None:
     assert "93 %" in text
     assert f"CPU: 1800 core-seconds busy, 90 % of {run['cpus']} cores x wall" in text
     assert "lanes: 1800 core-seconds busy, 1200 of them (67 %) inside the 3 containers" in text
+
+
+def test_each_stage_keeps_the_cpu_of_its_own_process_tree(stages: Path) -> None:
+    """wait4's usage of the stage's command: its descendants' CPU too, and next to none for one that sleeps."""
+    burn = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'sum(i * i for i in range(10**7))'])"
+    assert _tool("run", "burn", "--", sys.executable, "-c", burn).returncode == 0
+    assert _tool("run", "idle", "--", sys.executable, "-c", "import time; time.sleep(1)").returncode == 0
+    by_name = {s["name"]: s for s in test_stages.read_stages(stages)}
+    assert by_name["burn"]["tree_cpu_s"] >= 0.3, by_name["burn"]  # the grandchild's loop, counted
+    assert by_name["idle"]["tree_cpu_s"] < 0.3 and by_name["idle"]["seconds"] >= 1.0, by_name["idle"]
+    run = test_stages.build_run(list(by_name.values()), "test")
+    assert [s["tree_cpu_s"] for s in run["stages"]] == [by_name["burn"]["tree_cpu_s"], by_name["idle"]["tree_cpu_s"]]
+    assert "tree" in test_stages.render(run, 2400).splitlines()[2]

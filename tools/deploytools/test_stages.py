@@ -34,10 +34,14 @@ and the console says so. Its output goes to
 and a **yardstick**, the seconds one core takes for a fixed small workload (:func:`yardstick`,
 the best of three), so that runs on machines 1.5x apart can be compared: a run's stages divided
 by its yardstick are in "yardsticks", comparable across machines as far as the work is CPU-bound.
-Each stage and the whole run also keep how **busy** the machine was meanwhile (``/proc/stat``: the
-share of all cores' time not idle, machine-wide, so stages that overlap in lanes share it) and the
-run its busy core-seconds: a run 95 % busy is bound by its CPU work, and no order of lanes makes it
-shorter than its busy core-seconds over the cores; one half idle waits on timers and servers.
+Each stage also keeps the CPU seconds of its own process tree (``tree_cpu_s``, the table's "tree":
+what the stage's command and every descendant it waited for used, read with ``wait4``: for a
+scenario, molecule, ansible-playbook, the verifier's pytest and the docker clients; not the docker
+daemon, nor what runs inside the containers). Each stage and the whole run also keep how **busy**
+the machine was meanwhile (``/proc/stat``: the share of all cores' time not idle, machine-wide, so
+stages that overlap in lanes share it) and the run its busy core-seconds: a run 95 % busy is bound
+by its CPU work, and no order of lanes makes it shorter than its busy core-seconds over the cores;
+one half idle waits on timers and servers.
 
 ``report`` prints the table (stages with the lane each ran in, then each scenario's actions) and ends with one line
 that compares the run's wall time with the budget and names the three slowest stages; it is
@@ -199,6 +203,19 @@ class ContainerMeter:
         return {"containers": len(used), "cpu_s": round(sum(used.values()), 1)}
 
 
+def wait_with_cpu(proc: subprocess.Popen) -> tuple[int, float]:
+    """Wait for ``proc``; its exit status and the CPU seconds of its whole process tree (every descendant
+    that was waited for: ansible-playbook, its workers, pytest, the docker clients; not the docker daemon,
+    nor what runs inside a container)."""
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # interrupted: the command does not outlive the run (as subprocess.call)
+        proc.kill()
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, round(usage.ru_utime + usage.ru_stime, 1)
+
+
 def note_machine(when: str) -> dict[str, Any]:
     """Record the machine's load average, yardstick and CPU counters now (``when``: start or end) in the run's file."""
     record_ = {"kind": "machine", "name": f"machine at {when}", "when": when, "at": _now(),
@@ -286,15 +303,15 @@ def beside_cgroup(hierarchies: Sequence[tuple[Path, str, str]] = BESIDE_CGROUP_H
 def run_stage(name: str, command: Sequence[str]) -> int:
     """Run one stage, streaming its output, and record it; return its exit status."""
     print(f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {' '.join(command)}", flush=True)
-    start, cpu = _now(), cpu_seconds()
+    start, cpu, tree_cpu = _now(), cpu_seconds(), None
     try:
-        rc = subprocess.call(list(command))
+        rc, tree_cpu = wait_with_cpu(subprocess.Popen(list(command)))
     except OSError as exc:
         print(f"test-stages: cannot run {command[0]!r}: {exc}", file=sys.stderr)
         rc = 127
     end = _now()
     _append({"kind": "stage", "name": name, "start": start, "end": end, "seconds": round(end - start, 1), "rc": rc,
-             "busy": busy_between(cpu, cpu_seconds())})  # fmt: skip
+             "busy": busy_between(cpu, cpu_seconds()), "tree_cpu_s": tree_cpu})  # fmt: skip
     print(
         f"==> [{time.strftime('%H:%M:%S')}] stage {name}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} "
         f"in {end - start:.0f} s",
@@ -333,6 +350,7 @@ class LaneJob:
     start: float = 0.0
     end: float = 0.0
     rc: int | None = None
+    tree_cpu: float | None = None
     lane: str = ""
 
     @classmethod
@@ -390,7 +408,7 @@ class LaneJob:
                                 f"==> [{time.strftime('%H:%M:%S')}] {self.name.removeprefix('molecule ')} ➜ {action}",
                                 flush=True,
                             )
-                self.rc = proc.wait()
+                self.rc, self.tree_cpu = wait_with_cpu(proc)
         self.end = _now()
         self.clock.close(self.end)
         record_ = {
@@ -401,6 +419,7 @@ class LaneJob:
             "seconds": round(self.end - self.start, 1),
             "rc": self.rc,
             "busy": busy_between(cpu, cpu_seconds()),
+            "tree_cpu_s": self.tree_cpu,
         }
         if self.lane:
             record_["lane"] = self.lane
@@ -544,7 +563,7 @@ def build_run(
         "total_s": round(end - start, 1),
         "passed": all(s["rc"] == 0 for s in stages),
         "stages": [
-            {**{k: s[k] for k in ("name", "seconds", "rc", "lane", "busy", "actions") if k in s},
+            {**{k: s[k] for k in ("name", "seconds", "rc", "lane", "busy", "tree_cpu_s", "actions") if k in s},
              "start_s": round(s["start"] - start, 1)}
             for s in stages
         ],
@@ -564,14 +583,15 @@ def render(run: dict[str, Any], budget_s: float) -> str:
     lines = [
         "",
         f"make test: where the time went ({run['date']}, {run['cpus']} CPUs, commit {run['commit']})",
-        f"{'stage':<34} {'time':>7} {'s':>7} {'from':>7}  {'lane':<8} {'busy':>5}  result",
+        f"{'stage':<34} {'time':>7} {'s':>7} {'from':>7}  {'lane':<8} {'busy':>5} {'tree':>6}  result",
     ]
     for stage in run["stages"]:
         result = "ok" if stage["rc"] == 0 else f"FAILED ({stage['rc']})"
         busy = f"{100 * stage['busy']:.0f} %" if stage.get("busy") is not None else ""
+        tree = f"{stage['tree_cpu_s']:.0f}" if stage.get("tree_cpu_s") is not None else ""
         lines.append(
             f"{stage['name']:<34} {_fmt(stage['seconds']):>7} {stage['seconds']:>7.0f} "
-            f"{_fmt(stage.get('start_s', 0.0)):>7}  {stage.get('lane', ''):<8} {busy:>5}  {result}"
+            f"{_fmt(stage.get('start_s', 0.0)):>7}  {stage.get('lane', ''):<8} {busy:>5} {tree:>6}  {result}"
         )
         for action in stage.get("actions", []):
             lines.append(f"  {action['action']:<32} {_fmt(action['seconds']):>7} {action['seconds']:>7.0f}")

@@ -25,3 +25,26 @@ def test_the_host_python_is_never_the_controller_venv_that_is_built_beside_it(tm
     resolved = Path(run.stdout.strip())
     assert resolved.is_file(), run.stdout
     assert ROOT / ".venv" not in resolved.parents, f"$(PYTHON) resolves to the controller venv: {resolved}"
+
+
+def test_recipes_keep_the_bytecode_python_compiles_when_the_caller_says_not_to(tmp_path: Path) -> None:
+    """The venvs are installed without bytecode (pip --no-compile): Python writes it on first import. A
+    PYTHONDONTWRITEBYTECODE in the caller's environment would make every process of make test compile
+    all it imports again (issue 52); the recipes run without it, and a recipe's python writes bytecode."""
+    module = tmp_path / "probe_module.py"
+    module.write_text("VALUE = 1\n")
+    show = tmp_path / "show.mk"
+    show.write_text(
+        "show:\n"
+        '\t@echo "PYTHONDONTWRITEBYTECODE=[$${PYTHONDONTWRITEBYTECODE-unset}]"\n'
+        f"\t@cd {tmp_path} && $(PYTHON) -c 'import probe_module, sys; print(sys.dont_write_bytecode)'\n"
+    )
+    run = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "-f", "Makefile", "-f", str(show), "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert run.stdout.splitlines() == ["PYTHONDONTWRITEBYTECODE=[unset]", "False"], run.stdout
+    assert list((tmp_path / "__pycache__").glob("probe_module.*.pyc")), "no bytecode was written"

@@ -27,32 +27,33 @@ STUB = [
         "gather_facts": False,
         "vars": {"fake_tps": 50},
         "tasks": [
+            # raw, not copy and shell: the stand-in runs up to nine times per test, and a raw task is
+            # one /bin/sh on the controller where copy and shell each start a module's Python (copy
+            # twice per file). It writes the same files with the same content.
             {
                 "name": "Write a report as the gate would",
-                "ansible.builtin.copy": {
-                    "content": "{{ {'passed': fake_tps | float > 0, 'summary': 'gate', 'timestamp': 't', "
+                "ansible.builtin.raw": (
+                    "printf '%s' {{ _stub_report | quote }} | tee {{ _stub_path | quote }}"
+                    " > {{ (stub_state_dir ~ '/gate/latest.json') | quote }}"
+                ),
+                "changed_when": True,
+                "vars": {
+                    "_stub_path": "{{ stub_state_dir }}/gate/2{{ now(utc=true).strftime('%Y%m%dT%H%M%S%f') }}.json",
+                    "_stub_report": "{{ {'passed': fake_tps | float > 0, 'summary': 'gate', 'timestamp': 't', "
                     "'metadata': {'unit_sha256': 'u'}, 'aggregate': {'decode_tps_mean': fake_tps | float, "
                     "'ttft_p95_s': 0.1, 'total_tps': fake_tps | float * (health_gate_concurrency | default(1) | int), "
                     "'requests': 4}, 'settings': {'concurrency': health_gate_concurrency | default(1) | int}, "
                     "'speculative': none, 'verdict': {'reference': _stub_reference}} | to_json }}",
-                    "dest": "{{ item }}",
-                    "mode": "0644",
-                },
-                "loop": [
-                    "{{ stub_state_dir }}/gate/2{{ now(utc=true).strftime('%Y%m%dT%H%M%S%f') }}.json",
-                    "{{ stub_state_dir }}/gate/latest.json",
-                ],
-                # The real gate compares with health_gate_reference in llm_gate.verdict (tests/health_gate);
-                # here only its ok, for the bake-off to read.
-                "vars": {
+                    # The real gate compares with health_gate_reference in llm_gate.verdict (tests/health_gate);
+                    # here only its ok, for the bake-off to read.
                     "_stub_reference": "{{ {'ok': fake_tps | float > health_gate_reference.decode_tps_mean | float "
                     "* (1 + health_gate_reference.margin_pct | float / 100)} if health_gate_reference is defined "
-                    "and health_gate_reference.decode_tps_mean is number else none }}"
+                    "and health_gate_reference.decode_tps_mean is number else none }}",
                 },
             },
             {
                 "name": "Record the reference the gate was given",
-                "ansible.builtin.shell": (
+                "ansible.builtin.raw": (
                     "echo '{{ health_gate_reference | to_json }}' >> {{ stub_state_dir }}/references.log"
                 ),
                 "changed_when": True,
@@ -60,9 +61,7 @@ STUB = [
             },
             {
                 "name": "Record who ran",
-                "ansible.builtin.shell": (
-                    "echo '{{ ansible_play_name }} {{ fake_tps }}' >> {{ stub_state_dir }}/runs.log"
-                ),
+                "ansible.builtin.raw": "echo '{{ ansible_play_name }} {{ fake_tps }}' >> {{ stub_state_dir }}/runs.log",
                 "changed_when": True,
             },
             {

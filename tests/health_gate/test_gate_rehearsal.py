@@ -132,7 +132,20 @@ def probe_options(srv: dict, unit: str, **more: object) -> dict:
     }
 
 
-def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(rehearsal_server):
+@pytest.fixture(scope="module")
+def first_probe_gate(rehearsal_server) -> tuple[dict, dict]:
+    """The first gate with the probe of the module's server (no last-known-good yet), and its options.
+
+    One gate for the tests that hold later gates to its record (each costs seconds of a real server):
+    test_the_rehearsal_model_answers_its_own_eval... checks this report itself.
+    """
+    from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
+
+    options = probe_options(rehearsal_server, "first")
+    return llm_gate.run_gate(dict(options)), options
+
+
+def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(rehearsal_server, first_probe_gate):
     """The correctness probe against the real CPU engine and the trained tiny model: it scores the
     rehearsal group's floor or more, its greedy outputs repeat exactly (consistency), and a second
     deploy of another unit gives the first one's golden outputs and score (group_vars/rehearsal.yml's
@@ -140,10 +153,9 @@ def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time
     import yaml
     from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 
-    srv = rehearsal_server
     group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
-    options = probe_options(srv, "first")
-    first = llm_gate.run_gate(options)
+    first, options = first_probe_gate
+    options = dict(options)
     assert first["passed"], first["reasons"]
     found = {check["name"]: check for check in first["checks"]}
     assert found["eval_score"]["value"] >= group["health_gate_min_eval_score"] > 0
@@ -159,11 +171,13 @@ def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time
     assert first["correctness"]["duration_s"] < 60, "the probe's cost on the CPU (bench/results/correctness_cpu.json)"
 
 
-def test_gates_under_live_traffic_give_no_false_failure_and_still_refuse_other_outputs(rehearsal_server):
+def test_gates_under_live_traffic_give_no_false_failure_and_still_refuse_other_outputs(
+    rehearsal_server, first_probe_gate
+):
     """Clients talk to the server while the gate runs (ct129's case): 2 streaming clients send chat
-    requests all along, and 2 gates of the unchanged server against the first one's record pass
-    (golden outputs, consistency, the paired eval); a record whose golden output differs is refused
-    under the same traffic (issue 50, item 4)."""
+    requests all along, and 2 gates of the unchanged server against the first one's record (a gate
+    without traffic, first_probe_gate) pass (golden outputs, consistency, the paired eval); a record
+    whose golden output differs is refused under the same traffic (issue 50, item 4)."""
     import json as json_module
     import threading
     import urllib.request
@@ -171,8 +185,8 @@ def test_gates_under_live_traffic_give_no_false_failure_and_still_refuse_other_o
     from ansible_collections.llm_deploy.inference.plugins.module_utils import llm_gate
 
     srv = rehearsal_server
-    options = probe_options(srv, "before-traffic", correctness="always")
-    first = llm_gate.run_gate(options)
+    first, options = first_probe_gate
+    options = dict(options, correctness="always")
     assert first["passed"], first["reasons"]
     stop, answered, failed = threading.Event(), [], []
 

@@ -271,8 +271,17 @@ def _refuse_without_drafter(launch_plan) -> None:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def rehearsal_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache directory for the module's rehearsal plans: the plan's environment points into it,
+    so every transformers check here has the same environment and one check server (conftest's
+    CheckServers, one per environment) imports transformers once for all of them."""
+    return tmp_path_factory.mktemp("rehearsal-cache")
+
+
 @pytest.fixture()
-def rehearsal_plan(launch_plan, tiny_config, model_dir, transformers_venv):
+def rehearsal_plan(launch_plan, tiny_config, model_dir, transformers_venv, rehearsal_cache_dir):
+    """The CPU rehearsal plan for transformers serve, with a model directory of the test's own."""
     model = model_dir(tiny_config)
     return launch_plan.build_plan(
         tiny_config,
@@ -284,7 +293,7 @@ def rehearsal_plan(launch_plan, tiny_config, model_dir, transformers_venv):
         port=8000,
         gpus=[],
         settings={"device": "cpu", "dtype": "auto"},
-        cache_dir=str(model.parent / "cache"),
+        cache_dir=str(rehearsal_cache_dir),
     )
 
 

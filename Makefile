@@ -18,9 +18,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # The venvs are installed without bytecode (--no-compile, below): Python compiles what it imports on
 # first use and keeps it. A PYTHONDONTWRITEBYTECODE in the caller's environment (some machine images
-# set it) would make every process compile all it imports again, every time: on a 2-core machine an
-# empty ansible-playbook run took 1.5 CPU-seconds instead of 0.5, and an import of SGLang's
-# server_args 13.9 instead of 4.5 (issue 52). The targets below keep the bytecode.
+# set it) would make every process compile all it imports again, every time (what that cost:
+# docs/performance.md, "Bytecode on the controller"). The targets below keep the bytecode.
 unexport PYTHONDONTWRITEBYTECODE
 
 TOOLS_VENV  := $(CACHE)/venvs/transformers-cpu

@@ -145,7 +145,7 @@ def first_probe_gate(rehearsal_server) -> tuple[dict, dict]:
     return llm_gate.run_gate(dict(options)), options
 
 
-def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(rehearsal_server, first_probe_gate):
+def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time(first_probe_gate):
     """The correctness probe against the real CPU engine and the trained tiny model: it scores the
     rehearsal group's floor or more, its greedy outputs repeat exactly (consistency), and a second
     deploy of another unit gives the first one's golden outputs and score (group_vars/rehearsal.yml's
@@ -155,15 +155,14 @@ def test_the_rehearsal_model_answers_its_own_eval_and_the_same_tokens_every_time
 
     group = yaml.safe_load((REPO / "group_vars" / "rehearsal.yml").read_text())
     first, options = first_probe_gate
-    options = dict(options)
     assert first["passed"], first["reasons"]
     found = {check["name"]: check for check in first["checks"]}
     assert found["eval_score"]["value"] >= group["health_gate_min_eval_score"] > 0
     assert found["consistency"]["ok"] and all(
         row["repeat_differs_at"] is None for row in found["consistency"]["prompts"]
     )
-    options.update(metadata={"unit_sha256": "second", "model_revision": "tiny"}, baseline=first["verdict"]["baseline"])
-    second = llm_gate.run_gate(options)
+    metadata = {"unit_sha256": "second", "model_revision": "tiny"}
+    second = llm_gate.run_gate(dict(options, metadata=metadata, baseline=first["verdict"]["baseline"]))
     assert second["passed"], second["reasons"]
     golden = {check["name"]: check for check in second["checks"]}["golden_outputs"]
     assert golden["same"] == len(golden["prompts"]) == 5 and golden["value"] == 1.0

@@ -352,8 +352,8 @@ report:
   description:
     - The full report. Keys include C(schema), C(timestamp), C(host), C(url), C(engine), C(version),
       C(model), C(settings), C(thresholds), C(readiness), C(server), C(warmup), C(requests) (per request),
-      C(aggregate), C(speculative), C(capacity), C(checks), C(passed), C(phase), C(reasons), C(verdict), C(evidence),
-      C(unit), C(metadata), C(summary), C(duration_s).
+      C(aggregate), C(speculative), C(capacity), C(keys_readable), C(checks), C(passed), C(phase), C(reasons),
+      C(verdict), C(evidence), C(unit), C(metadata), C(summary), C(duration_s).
   returned: always (after the options were accepted)
   type: dict
   contains:
@@ -388,6 +388,15 @@ report:
         requested: 4
         source: "server_info.internal_states[0].effective_max_running_requests_per_dp"
         note: null
+    keys_readable:
+      description:
+        - Where the API key reads the admin key (SGLang's C(/server_info) and C(/get_server_info) return its
+          arguments, C(admin_api_key) among them), as C(<route> (the admin key)); the module then warns.
+        - Empty when no route hands it over; null when no admin key was given or it equals the API key.
+      type: list
+      elements: str
+      returned: when the gate reached the server
+      sample: ["/server_info (the admin key)", "/get_server_info (the admin key)"]
     evidence:
       description:
         - On a unit failure, its state and the journal of this start.
@@ -455,6 +464,7 @@ from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_gate impo
     ENGINES,
     GateUsageError,
     failure_message,
+    keys_readable_note,
     run_gate,
     store_report,
 )
@@ -539,6 +549,8 @@ def main() -> None:
             path = store_report(report, report_dir, params["keep_reports"])
         except OSError as exc:
             module.warn(f"health_gate: could not store the report in {report_dir}: {exc}")
+    if report.get("keys_readable"):
+        module.warn("health_gate: " + keys_readable_note(report["keys_readable"]))
     verdict = report["verdict"]
     result = dict(
         changed=False,

@@ -91,6 +91,8 @@ from .discovery import (
     capacity_from_info,
     generate_accept_length,
     get_server_info,
+    keys_readable,
+    keys_readable_note,
     list_models,
     resolve_model,
 )
@@ -207,6 +209,8 @@ __all__ = [
     "fixed_output_fields",
     "golden_prompts",
     "generate_accept_length",
+    "keys_readable",
+    "keys_readable_note",
     "get_server_info",
     "judge",
     "judge_correctness",

@@ -43,6 +43,34 @@ def get_server_info(endpoint: Endpoint, timeout: float) -> dict[str, Any] | None
     return None
 
 
+def keys_readable(endpoint: Endpoint, timeout: float, keys: dict[str, str]) -> list[str]:
+    """Where a holder of ``endpoint``'s API key reads one of ``keys`` (what it is -> its value).
+
+    SGLang 0.5.11 returns its whole ``ServerArgs`` at ``/server_info`` and ``/get_server_info``,
+    ``admin_api_key`` included, to anyone with the API key (``sglang/srt/entrypoints/http_server.py``,
+    the NORMAL auth level of ``sglang/srt/utils/auth.py``). Each route is asked with the endpoint's
+    key; an answer whose body holds a key's value is ``"<route> (<what>)"``. [] when none does or
+    nothing answers (another engine).
+    """
+    found = []
+    for path in SERVER_INFO_PATHS:
+        try:
+            status, body = endpoint.request("GET", path, timeout=timeout)
+        except (OSError, http.client.HTTPException):
+            continue
+        text = body.decode("utf-8", "replace") if status == 200 else ""
+        found.extend(f"{path} ({what})" for what, value in keys.items() if value and value in text)
+    return found
+
+
+def keys_readable_note(readable: list[str]) -> str:
+    """What :func:`keys_readable`'s finding means, for the report's notes and the deploy's warning."""
+    return (
+        f"the API key reads the admin key at {', '.join(readable)}: every client with the API key can use the "
+        "engine's admin routes (/flush_cache, /update_weights_from_disk, ...; docs/security.md)"
+    )
+
+
 CAPACITY_KEY = "effective_max_running_requests_per_dp"
 CAPACITY_SOURCE = f"server_info.internal_states[0].{CAPACITY_KEY}"
 

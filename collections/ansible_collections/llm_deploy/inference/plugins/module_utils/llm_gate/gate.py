@@ -54,6 +54,8 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
         "aggregate": None,
         "speculative": None,
         "capacity": None,
+        # Where the API key reads the admin key (llm_gate/discovery.keys_readable); None: not asked.
+        "keys_readable": None,
         "correctness": None,
         "correctness_why": None,
         "checks": [],
@@ -98,6 +100,11 @@ def _discover(run: _Run) -> tuple[str, dict[str, Any] | None, str]:
         report["server"] = {k: info.get(k) for k in discovery.SERVER_INFO_KEYS if k in info}
     elif engine == "sglang":
         report["notes"].append("engine is sglang but /server_info and /get_server_info did not answer")
+    if cfg.admin_api_key and cfg.admin_api_key != cfg.api_key:
+        readable = monitor.call(discovery.keys_readable, endpoint, timeout, {"the admin key": cfg.admin_api_key})
+        report["keys_readable"] = readable
+        if readable:
+            report["notes"].append(discovery.keys_readable_note(readable))
     listed, note = monitor.call(discovery.list_models, endpoint, timeout)
     if note in ("/v1/models answered HTTP 401", "/v1/models answered HTTP 403"):
         sent = "with the API key the gate sent" if cfg.api_key else "without an API key"

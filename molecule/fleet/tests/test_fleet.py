@@ -7,6 +7,7 @@ and changes and restarts nothing on the third."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 # molecule/shared: the helpers of the scenarios' verifiers (verify_steps.py), and the writer of the
@@ -18,6 +19,11 @@ REPO = Path(__file__).resolve().parents[3]
 HOSTS = ["molecule-fleet-1", "molecule-fleet-2", "molecule-fleet-3"]
 GATEWAY = "molecule-fleet-gw"
 KEY = "fleet-rehearsal-control-plane-key-0001"
+# systemd-analyze security's overall exposure (0 best, 10 worst) of the monitoring units, running: node_exporter
+# on the serving hosts with the role's sandbox (9.2 UNSAFE without it, tests/monitoring/test_sandbox.py), and
+# Prometheus with Debian's own hardening (4.0 OK offline), which the role leaves as it is.
+MAX_EXPOSURE_NODE_EXPORTER = 2.0
+MAX_EXPOSURE_PROMETHEUS = 4.5
 
 
 def step(name: str) -> dict:
@@ -266,3 +272,21 @@ def test_a_stopped_server_fires_its_alert_and_the_alert_resolves_when_it_is_back
     assert alert["resolved_after_start_s"] > 0
     assert f"LLMRollback {HOSTS[0]}" in alert["firing_before"], alert["firing_before"]
     print(run["alert_output"].strip())
+
+
+def test_systemd_rates_the_monitoring_units_sandboxes_below_their_thresholds(host, systemd_exposure):
+    name = host.backend.get_hostname()
+    unit, limit = (
+        ("prometheus", MAX_EXPOSURE_PROMETHEUS)
+        if name == GATEWAY
+        else ("prometheus-node-exporter", MAX_EXPOSURE_NODE_EXPORTER)
+    )
+    score, table = systemd_exposure(host, unit)
+    assert score <= limit, f"exposure {score} > {limit} for {unit}.service on {name}:\n{table}"
+    # What the kernel applies to node_exporter: no capabilities, no new privileges, a seccomp filter.
+    if unit == "prometheus-node-exporter":
+        pid = host.check_output(f"systemctl show -p MainPID --value {unit}")
+        status = host.file(f"/proc/{pid}/status").content_string
+        assert re.search(r"^CapEff:\s+0+$", status, re.M), status
+        assert re.search(r"^NoNewPrivs:\s+1$", status, re.M), status
+        assert re.search(r"^Seccomp:\s+2$", status, re.M), status

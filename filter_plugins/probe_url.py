@@ -1,4 +1,5 @@
-"""Ansible filters for where the host probes its own server (readiness, watchdog, gate).
+"""Ansible filters for where the host probes its own server (readiness, watchdog, gate) and where
+the engine listens behind the API front.
 
 The code is ``deploytools.probe_url`` (tools/deploytools, installed in the controller's venv).
 """
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploytools.probe_url import probe_url
+from deploytools.probe_url import engine_bind, engine_port, engine_url, fronted, probe_url
 
 
 class FilterModule:
@@ -15,4 +16,10 @@ class FilterModule:
 
     def filters(self) -> dict[str, Any]:
         """Map filter names to functions."""
-        return {"probe_url": probe_url}
+        return {
+            "probe_url": probe_url,
+            "fronted": fronted,
+            "engine_bind": engine_bind,
+            "engine_port": engine_port,
+            "engine_url": engine_url,
+        }

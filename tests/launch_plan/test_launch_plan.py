@@ -451,7 +451,7 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
             "['systemd_env_file', 'systemd_env_file_line', 'systemd_env_line', 'systemd_exec_lines', 'systemd_quote', "
             "'systemd_text']"
         ),
-        "probe_url": "['probe_url']",
+        "probe_url": "['engine_bind', 'engine_port', 'engine_url', 'fronted', 'probe_url']",
         "model_layout": "['model_current_link', 'model_serving_path']",
     }
     for name, filters in expected.items():
@@ -595,9 +595,9 @@ def test_tool_prints_the_ct129_plan(ct129):
     venv = expected_venv(ct129["group"]["ml_env_path"], ct129["group"]["ml_env_lock"])
     # The filter's cases plan ct129's model at its old path; the inventory's is where the service account reads it.
     model = ct129["group"]["model_sync_source"]["path"]
-    assert printed["argv"] == [f"{venv}/bin/sglang"] + [
-        model if word == "/root/models/Qwen3.6-27B" else word for word in CT129_ARGV[1:]
-    ]
+    # Behind the API front the engine listens on loopback at the next port (docs/security.md).
+    behind_front = {"/root/models/Qwen3.6-27B": model, "0.0.0.0": "127.0.0.1", "30000": "30001"}
+    assert printed["argv"] == [f"{venv}/bin/sglang"] + [behind_front.get(word, word) for word in CT129_ARGV[1:]]
     assert venv.startswith("/opt/ml-env.d/") and model == "/srv/models/Qwen3.6-27B"
     assert printed["env"] == CT129_ENV
     assert "- user: inference:inference" in notes.splitlines(), "the exposure names the service account"
@@ -610,6 +610,10 @@ def test_tool_prints_the_ct129_plan(ct129):
         "a deploy refuses 0.0.0.0 without it"
     ) in notes.splitlines()
     assert f"- admin_api_key: admin-api-key in {key_file} once inference_server_admin_api_key is set" in notes
+    assert (
+        "- front: inference-server-front.service (nginx as inference-front) on 0.0.0.0:30000, the engine behind it "
+        "on 127.0.0.1:30001"
+    ) in notes.splitlines()
 
 
 def test_tool_refuses_with_the_plans_sentence():

@@ -363,7 +363,8 @@ def test_the_textfile_is_written_through_a_fresh_file_that_follows_no_link(tmp_p
     assert sorted(p.name for p in textfile_dir.iterdir()) == [".llm_watchdog.prom.4242", "llm_watchdog.prom"]
 
 
-@pytest.mark.parametrize("argv, metrics_url", [(["--enable-metrics"], "http://[::1]:30000/metrics"), ([], "")])
+# The engine's own port behind the API front of the "::" bind (docs/security.md, "The API front").
+@pytest.mark.parametrize("argv, metrics_url", [(["--enable-metrics"], "http://[::1]:30001/metrics"), ([], "")])
 def test_the_watchdog_reads_the_engines_metrics_where_the_plan_turns_them_on(tmp_path, argv, metrics_url):
     plan = {"argv": ["/opt/ml-env/bin/sglang", "serve", *argv], "env": {}, "notes": []}
     proc = template_run(

@@ -101,6 +101,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the account that runs the server: refuse, before any key is sent, a listener on the URL's port "
         "(of this host) that belongs to another account",
     )
+    p.add_argument(
+        "--public-url",
+        default=d["public_url"],
+        help="the API front's public bind, with the server behind it on --url (loopback): with an admin key, "
+        "its /server_info and /get_server_info are asked with the API key instead of the server's, and the gate "
+        "fails when they hand the admin key over (empty: not asked)",
+    )
+    p.add_argument(
+        "--public-listener-user",
+        help="the account that runs the API front: refuse, before any key is sent, a listener on --public-url's "
+        "port (of this host) that belongs to another account",
+    )
     p.add_argument("--engine", choices=llm_gate.ENGINES, default=d["engine"])
     floats(
         ("--ready-timeout", "ready_timeout_s", "seconds to wait for readiness"),
@@ -224,6 +236,8 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "api_key": api_key,
         "listener_user": args.listener_user,
+        "public_url": args.public_url,
+        "public_listener_user": args.public_listener_user,
         "engine": args.engine,
         "ready_timeout_s": args.ready_timeout_s,
         "poll_interval_s": args.poll_interval_s,

@@ -42,3 +42,61 @@ def probe_url(bind: Any, port: Any) -> str:
     """
     host = probe_host(bind)
     return f"http://{f'[{host}]' if ':' in host else host}:{int(port)}"
+
+
+def is_loopback(bind: Any) -> bool:
+    """Whether ``bind`` listens on loopback only (the rule of the role's ``_inference_server_on_loopback``).
+
+    >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("localhost"), is_loopback("0.0.0.0")
+    (True, True, True, False)
+    """
+    host = str(bind or "").strip().strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def fronted(bind: Any, front: Any = True) -> bool:
+    """Whether the API front stands on ``bind``: a network bind with the front on (``inference_server_front``).
+
+    >>> fronted("0.0.0.0"), fronted("10.0.4.17", False), fronted("127.0.0.1")
+    (True, False, False)
+    """
+    return _truthy(front) and not is_loopback(bind)
+
+
+def engine_bind(bind: Any, front: Any = True) -> str:
+    """Where the engine itself listens: behind a front, on the loopback address of the bind's family.
+
+    >>> engine_bind("0.0.0.0"), engine_bind("::"), engine_bind("10.0.4.17", False), engine_bind("127.0.0.1")
+    ('127.0.0.1', '::1', '10.0.4.17', '127.0.0.1')
+    """
+    if not fronted(bind, front):
+        return str(bind)
+    return "::1" if ":" in probe_host(bind) else "127.0.0.1"
+
+
+def engine_port(port: Any, bind: Any, front: Any = True, behind_port: Any = None) -> int:
+    """The engine's port: behind a front ``behind_port`` (``inference_server_engine_port``; default ``port`` + 1),
+    else ``port`` itself.
+
+    >>> engine_port(30000, "0.0.0.0"), engine_port(30000, "0.0.0.0", True, 31000), engine_port(30000, "127.0.0.1")
+    (30001, 31000, 30000)
+    """
+    if not fronted(bind, front):
+        return int(port)
+    return int(behind_port) if behind_port not in (None, "") else int(port) + 1
+
+
+def engine_url(bind: Any, port: Any, front: Any = True, behind_port: Any = None) -> str:
+    """The URL the host reaches the engine itself at (readiness, watchdog, gate): the front's upstream.
+
+    >>> engine_url("0.0.0.0", 30000), engine_url("0.0.0.0", 30000, False), engine_url("::", 8000, True, 9000)
+    ('http://127.0.0.1:30001', 'http://127.0.0.1:30000', 'http://[::1]:9000')
+    """
+    return probe_url(engine_bind(bind, front), engine_port(port, bind, front, behind_port))
+
+
+def _truthy(value: Any) -> bool:
+    """Ansible's notion of a true boolean for a variable that may arrive as a string."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+    return bool(value)

@@ -207,6 +207,24 @@ def test_every_host_serves_the_good_change(host):
     assert host.service("inference-server").is_running
 
 
+def test_every_host_serves_behind_its_api_front(host):
+    """0.0.0.0:8000 is the front's (nginx as inference-front), the engine listens on 127.0.0.1:8001, and
+    what passes the front is the public API (docs/security.md, "The API front"): from the gateway's host,
+    /v1/models answers and the engine's other routes (/docs, which transformers serve has) do not."""
+    if host.backend.get_hostname() == GATEWAY:
+        status = {}
+        for path in ("/v1/models", "/docs", "/get_server_info"):
+            status[path] = host.check_output(f"curl -s -o /dev/null -w %{{http_code}} http://{HOSTS[0]}:8000{path}")
+        assert status == {"/v1/models": "200", "/docs": "404", "/get_server_info": "403"}
+        return
+    assert host.service("inference-server-front").is_running
+    listening = host.check_output("ss -ltnpH")
+    assert re.search(r"0\.0\.0\.0:8000 .*nginx", listening), listening
+    assert re.search(r"127\.0\.0\.1:8001 .*transformers", listening), listening
+    assert host.check_output("ps -o user:32= -C nginx | sort -u") == "inference-front"
+    assert host.check_output("curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8001/docs") == "200"
+
+
 def test_the_gateway_runs_with_its_key_in_a_root_only_file_and_nowhere_else(host):
     if host.backend.get_hostname() != GATEWAY:
         return

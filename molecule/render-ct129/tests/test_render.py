@@ -86,8 +86,9 @@ def test_unit_carries_the_origin_story_working_flags(host):
         "--tensor-parallel-size 2 \\",
         "--dtype bfloat16 \\",
         "--trust-remote-code \\",
-        "--host 0.0.0.0 \\",
-        "--port 30000 \\",
+        # Behind the API front (docs/security.md): the engine on loopback, the front on ct129's 0.0.0.0:30000.
+        "--host 127.0.0.1 \\",
+        "--port 30001 \\",
         "--model-path /srv/models/Qwen3.6-27B \\",
         'Environment="SGLANG_ENABLE_SPEC_V2=1"',
         "User=inference",
@@ -97,6 +98,22 @@ def test_unit_carries_the_origin_story_working_flags(host):
         "TimeoutStopSec=150",
     ):
         assert line in unit, line
+
+
+def test_the_api_front_holds_the_bind_and_passes_only_the_public_api(host):
+    """ct129's 0.0.0.0:30000 is the front's (nginx as inference-front), the engine is behind it on loopback."""
+    front = host.file(f"/etc/systemd/system/{UNIT}-front.service").content_string
+    assert "User=inference-front" in front and "ExecStart=/usr/sbin/nginx " in front
+    conf = host.file(f"/etc/{UNIT}-front/nginx.conf").content_string
+    assert re.findall(r"^\s*listen (\S+);$", conf, re.M) == ["0.0.0.0:30000"]
+    assert re.findall(r"^\s*server (\S+);$", conf, re.M) == ["127.0.0.1:30001"]
+    assert "location = /get_server_info {\n            return 403;" in conf
+    assert host.run(f"nginx -t -q -e stderr -c /etc/{UNIT}-front/nginx.conf -p /tmp/").rc == 0
+    shown = host.run(f"systemctl show -p LoadState,User,IPAddressAllow {UNIT}-front").stdout
+    assert "LoadState=loaded" in shown and "User=inference-front" in shown
+    assert sorted(re.search(r"IPAddressAllow=(.*)", shown).group(1).split()) == sorted(
+        ["127.0.0.0/8", "::1/128", *ALLOWED]
+    )
 
 
 def test_unit_is_loaded_but_not_started(host):

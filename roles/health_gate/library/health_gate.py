@@ -73,6 +73,23 @@ options:
         bound the port while the server was loading).
       - Empty or omitted means not checked.
     type: str
+  public_url:
+    description:
+      - "The API front's public bind as seen from the target host (the server then listens on loopback at O(url),
+        behind the front). With an O(admin_api_key) other than O(api_key), the gate asks the front's
+        C(/server_info) and C(/get_server_info) with the API key, as a client would, instead of the server's,
+        and fails in discovery when either hands the admin key over (SGLang 0.5.11 returns its arguments
+        there): the front must refuse those routes to clients (docs/security.md)."
+      - Empty means not asked; the server's own routes are asked at O(url) then, and a route that hands the
+        admin key over is a warning, not a failure.
+    type: str
+    default: ""
+  public_listener_user:
+    description:
+      - The account that runs the API front (a name or a uid). When set and O(public_url) names this host,
+        a listener of another account on its port gets no key, as O(listener_user) for O(url).
+      - Empty or omitted means not checked.
+    type: str
   allow_prior_restarts:
     description:
       - C(NRestarts) is reset by a deliberate (re)start, so a value above 0 when the gate
@@ -352,8 +369,8 @@ report:
   description:
     - The full report. Keys include C(schema), C(timestamp), C(host), C(url), C(engine), C(version),
       C(model), C(settings), C(thresholds), C(readiness), C(server), C(warmup), C(requests) (per request),
-      C(aggregate), C(speculative), C(capacity), C(keys_readable), C(checks), C(passed), C(phase), C(reasons),
-      C(verdict), C(evidence), C(unit), C(metadata), C(summary), C(duration_s).
+      C(aggregate), C(speculative), C(capacity), C(keys_readable), C(public_url), C(checks), C(passed), C(phase),
+      C(reasons), C(verdict), C(evidence), C(unit), C(metadata), C(summary), C(duration_s).
   returned: always (after the options were accepted)
   type: dict
   contains:
@@ -392,6 +409,8 @@ report:
       description:
         - Where the API key reads the admin key (SGLang's C(/server_info) and C(/get_server_info) return its
           arguments, C(admin_api_key) among them), as C(<route> (the admin key)); the module then warns.
+        - With O(public_url), the routes of the API front's public bind instead, and any of them fails the
+          gate (no warning besides).
         - Empty when no route hands it over; null when no admin key was given or it equals the API key.
       type: list
       elements: str
@@ -512,6 +531,8 @@ def argument_spec() -> dict:
         model=dict(type="str"),
         api_key=dict(type="str", no_log=True),
         listener_user=dict(type="str"),
+        public_url=dict(type="str", default=DEFAULTS["public_url"]),
+        public_listener_user=dict(type="str"),
         engine=dict(type="str", default=DEFAULTS["engine"], choices=list(ENGINES)),
         prompts=dict(type="raw"),
         baseline=dict(type="dict"),
@@ -538,6 +559,8 @@ def main() -> None:
         params["unit"] = None
     if not params.get("listener_user"):
         params["listener_user"] = None
+    if not params.get("public_listener_user"):
+        params["public_listener_user"] = None
     try:
         report = run_gate(params)
     except GateUsageError as exc:
@@ -549,7 +572,8 @@ def main() -> None:
             path = store_report(report, report_dir, params["keep_reports"])
         except OSError as exc:
             module.warn(f"health_gate: could not store the report in {report_dir}: {exc}")
-    if report.get("keys_readable"):
+    # With public_url a route that hands the admin key over failed the gate: the failure says it.
+    if report.get("keys_readable") and not report.get("public_url"):
         module.warn("health_gate: " + keys_readable_note(report["keys_readable"]))
     verdict = report["verdict"]
     result = dict(

@@ -68,6 +68,14 @@ class GateConfig:
     # The account that runs the server: a local listener on the URL's port of any other account is
     # refused before a key is sent to it (llm_gate/listener.py). None: not checked.
     listener_user: str | None = None
+    # The API front's public bind, where clients reach the API while the server listens on loopback
+    # behind it (docs/security.md). With an admin key of its own, the gate asks the front's
+    # /server_info and /get_server_info with the API key, as a client would, and fails when they hand
+    # the admin key over (gate._discover). "": not asked (the server's own routes are, a warning).
+    public_url: str = ""
+    # The account that runs the front: the public URL's listener guard, as listener_user's for url.
+    # None: not checked.
+    public_listener_user: str | None = None
     engine: str = "auto"
     ready_timeout_s: float = _ranged(1800.0, 0, "more than 0 seconds", strict=True)
     poll_interval_s: float = _ranged(1.0, 0, "more than 0 seconds", strict=True)
@@ -360,6 +368,14 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
         errors.append("unit must be a string")
     if cfg.get("listener_user") is not None and not isinstance(cfg.get("listener_user"), str):
         errors.append("listener_user must be an account name or uid")
+    public_url = cfg.get("public_url")
+    if public_url != "" and (not isinstance(public_url, str) or url_error(public_url)):
+        errors.append(
+            "public_url must be an http:// or https:// URL of the API front's public bind "
+            f"(such as http://127.0.0.1:30000), or empty to not ask it, got {public_url!r}"
+        )
+    if cfg.get("public_listener_user") is not None and not isinstance(cfg.get("public_listener_user"), str):
+        errors.append("public_listener_user must be an account name or uid")
     try:
         cfg["prompts"] = load_prompts(cfg.get("prompts"))
     except GateUsageError as exc:

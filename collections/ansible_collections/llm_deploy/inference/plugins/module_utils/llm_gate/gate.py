@@ -27,7 +27,9 @@ from .verdict import judge, summary_line, verdict_of
 from .watchers import NullWatcher, PidWatcher, UnitWatcher, make_watcher
 
 
-def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -> dict[str, Any]:
+def _new_report(
+    cfg: GateConfig, endpoint: Endpoint, public: Endpoint | None, watcher: Any, stamp: str
+) -> dict[str, Any]:
     """The report before anything is known: settings, thresholds and empty results."""
     return {
         "schema": SCHEMA_VERSION,
@@ -54,8 +56,11 @@ def _new_report(cfg: GateConfig, endpoint: Endpoint, watcher: Any, stamp: str) -
         "aggregate": None,
         "speculative": None,
         "capacity": None,
-        # Where the API key reads the admin key (llm_gate/discovery.keys_readable); None: not asked.
+        # Where the API key reads the admin key (llm_gate/discovery.keys_readable); None: not asked. With
+        # public_url, the API front's routes (any of them fails the gate), else the server's (a note).
         "keys_readable": None,
+        # The API front's public bind asked instead of the server's routes (_public_keys); None: not set.
+        "public_url": public.display if public else None,
         "correctness": None,
         "correctness_why": None,
         "checks": [],
@@ -79,6 +84,8 @@ class _Run:
     monitor: Monitor
     report: dict[str, Any]
     say: Callable[[str], None]
+    # The API front's public bind (the ``public_url`` option, :func:`_public_endpoint`); None without one.
+    public: Endpoint | None = None
 
     def enter(self, phase: str) -> None:
         """Start ``phase``: the report and the monitor (which names it in a failure's reason) both say so."""
@@ -101,10 +108,14 @@ def _discover(run: _Run) -> tuple[str, dict[str, Any] | None, str]:
     elif engine == "sglang":
         report["notes"].append("engine is sglang but /server_info and /get_server_info did not answer")
     if cfg.admin_api_key and cfg.admin_api_key != cfg.api_key:
-        readable = monitor.call(discovery.keys_readable, endpoint, timeout, {"the admin key": cfg.admin_api_key})
-        report["keys_readable"] = readable
-        if readable:
-            report["notes"].append(discovery.keys_readable_note(readable))
+        keys = {"the admin key": cfg.admin_api_key}
+        if run.public is not None:
+            _public_keys(run, run.public, keys)
+        else:
+            readable = monitor.call(discovery.keys_readable, endpoint, timeout, keys)
+            report["keys_readable"] = readable
+            if readable:
+                report["notes"].append(discovery.keys_readable_note(readable))
     listed, note = monitor.call(discovery.list_models, endpoint, timeout)
     if note in ("/v1/models answered HTTP 401", "/v1/models answered HTTP 403"):
         sent = "with the API key the gate sent" if cfg.api_key else "without an API key"
@@ -126,6 +137,53 @@ def _discover(run: _Run) -> tuple[str, dict[str, Any] | None, str]:
         )
     report["model"] = model
     return engine, info, model
+
+
+def _public_keys(run: _Run, public: Endpoint, keys: dict[str, str]) -> None:
+    """Whether the API front's public bind (``public``) hands one of ``keys`` to the API key: a verdict, not a note.
+
+    The front's ``/server_info`` and ``/get_server_info`` are asked with the API key, as a client
+    would (:func:`.discovery.keys_readable`), and what they hand over is ``report["keys_readable"]``;
+    any of it raises :class:`GateFailure`. The server's own routes (``url``) are not asked: the
+    server listens on loopback behind the front, where SGLang 0.5.11 hands its arguments to the API
+    key anyway; what counts is what a client reaches. The front's listener guard refusing a
+    listener of another account fails the gate here too, the public URL named.
+    """
+    report = run.report
+    try:
+        readable = run.monitor.call(discovery.keys_readable, public, run.cfg.health_timeout_s, keys)
+    except GateFailure as exc:
+        if exc.watch is not None:  # the server died meanwhile: the watcher's failure as it is
+            raise
+        raise GateFailure("discover", f"at the public URL {public.display}, {exc.reason}") from exc
+    report["keys_readable"] = readable
+    if readable:
+        routes = " and ".join(entry.partition(" (")[0] for entry in readable)
+        raise GateFailure(
+            "discover",
+            f"the public URL {public.display} hands the admin key to the API key at {routes}: every client "
+            "with the API key could use the engine's admin routes (/flush_cache, /update_weights_from_disk, "
+            "...); the API front must refuse /server_info and /get_server_info to clients (docs/security.md)",
+        )
+
+
+def _public_endpoint(cfg: GateConfig) -> Endpoint | None:
+    """The API front's public bind (``public_url``) as a client reaches it: the API key, the gate's timeouts
+    and a listener guard of its own (``public_listener_user``), made as the server's is, so that no key goes
+    to another account's listener there. None without ``public_url``.
+
+    :class:`GateUsageError` (before the gate touches anything) when ``public_listener_user`` is no account.
+    """
+    if not cfg.public_url:
+        return None
+    public = Endpoint(cfg.public_url, cfg.api_key)
+    try:
+        public.guard = make_guard(public.host, public.port, cfg.public_listener_user)
+    except ValueError:
+        raise GateUsageError(
+            f"public_listener_user {cfg.public_listener_user!r} is not an account on this host"
+        ) from None
+    return public
 
 
 def _measure(run: _Run, model: str, engine: str) -> dict[str, Any]:
@@ -289,10 +347,11 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         endpoint.guard = make_guard(endpoint.host, endpoint.port, cfg.listener_user)
     except ValueError as exc:
         raise GateUsageError(str(exc)) from exc
+    public = _public_endpoint(cfg)
     watcher = make_watcher(cfg)
     monitor = Monitor(watcher, max(0.2, min(cfg.poll_interval_s / 2.0, 1.0)))
-    report = _new_report(cfg, endpoint, watcher, started.strftime(TIMESTAMP_FORMAT))
-    run = _Run(endpoint, cfg, monitor, report, say)
+    report = _new_report(cfg, endpoint, public, watcher, started.strftime(TIMESTAMP_FORMAT))
+    run = _Run(endpoint, cfg, monitor, report, say, public)
     try:
         if not isinstance(watcher, NullWatcher):
             say(f"watching {report['watch']}")

@@ -15,17 +15,15 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from systemd_container import systemd_container
 from test_nightly_support import REPO
 
 IMAGE = os.environ.get("NIGHTLY_TEST_IMAGE", "local/bookworm-systemd")
-# docker's lowest CPU weight (--cpu-shares): under contention the container gets the CPU last.
-LOWEST_CPU_SHARES = 2
 PLAYBOOK = REPO / "playbooks" / "nightly.yml"
 BIN = Path(sys.executable).parent
 ARTIFACTS = "/var/lib/llm-nightly"
@@ -113,40 +111,11 @@ class ControlNode:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     """Start the control-node container; remove it afterwards."""
-    if not shutil.which("docker"):
-        pytest.fail("docker is needed for the nightly playbook tests")
-    name = f"nr-nightly-ctl-{uuid.uuid4().hex[:8]}"
-    # The container runs at this test run's CPU priority: a container's processes do not inherit
-    # a nice value, and make test runs pytest at nice 19 beside the molecule lanes (tools/test-stages
-    # --beside), whose containers would otherwise share the CPU with this one as equals.
-    cpu_shares = ["--cpu-shares", str(LOWEST_CPU_SHARES)] if os.nice(0) > 0 else []
     # ANSIBALLZ_CODE_CACHE: the base image's cache of module payloads' compiled code, as in the
     # molecule scenarios' containers (tools/base-image/ansiballz_code_cache.py).
-    # fmt: off
-    run = subprocess.run(
-        ["docker", "run", "-d", "--name", name, "--hostname", "control", *cpu_shares, "--cap-add", "SYS_ADMIN",
-         "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs", "/run", "--tmpfs", "/run/lock",
-         "-e", "container=docker", "-e", "ANSIBALLZ_CODE_CACHE=/var/cache/ansiballz-code",
-         "-v", f"{REPO}:{REPO}:ro", IMAGE, "/lib/systemd/systemd"],
-        capture_output=True, text=True, timeout=120)
-    # fmt: on
-    assert run.returncode == 0, run.stderr
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # the bus appears a moment after PID 1 starts
-            state = subprocess.run(
-                ["docker", "exec", name, "systemctl", "is-system-running", "--wait"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            if state.stdout.strip() in ("running", "degraded") or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        assert state.stdout.strip() in ("running", "degraded"), state
+    extra = ("--hostname", "control", "-e", "ANSIBALLZ_CODE_CACHE=/var/cache/ansiballz-code", "-v", f"{REPO}:{REPO}:ro")
+    with systemd_container("nr-nightly-ctl", IMAGE, extra) as name:
         yield ControlNode(name, tmp_path_factory.mktemp("control"))
-    finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=120)
 
 
 def cron_lines(text: str, job: str = "llm-nightly-deploy") -> list[str]:

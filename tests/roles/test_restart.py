@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from ansible_collections.llm_deploy.inference.plugins.module_utils.llm_host_lib import restart
 from role_files import run_role_tasks, task_results
+from systemd_container import systemd_container
 
 # `show` prints the current state; restart/start queue the states the unit then goes through (one per
 # `show`, the last one stays); reset-failed clears a failed state; every call but `show` is logged.
@@ -36,6 +39,8 @@ if sys.argv[1] == "show":
 elif sys.argv[1] in ("restart", "start"):
     state["queue"] = state["queue"][:1] + state["after_restart"]
     state["queue_started"] = True
+elif sys.argv[1] == "stop":
+    state["queue"][0] = dict(state["queue"][0], ActiveState="inactive", SubState="dead")
 elif sys.argv[1] == "reset-failed" and state["queue"][0]["ActiveState"] == "failed":
     state["queue"][0] = dict(state["queue"][0], ActiveState="inactive")
 json.dump(state, open(path, "w"))
@@ -97,6 +102,53 @@ def test_a_start_the_start_limit_refuses_ends_the_wait(unit):
     done = restart.restart("llm", 5, start=True, ready_timeout_s=5, interval=0.01)
     assert unit.calls() == ["start --no-block llm.service"]
     assert (done["started"], done["active_state"]) == (True, "failed")
+
+
+def test_a_unit_that_waits_out_restartsec_is_stopped_before_the_deliberate_restart(unit):
+    """A crash's pending restart and the deliberate one must not meet (systemd 252 merges them: NRestarts=1)."""
+    crashed = {"ActiveState": "activating", "SubState": "auto-restart", "InvocationID": "old1"}
+    unit(crashed, [STARTING, SERVING])
+    done = restart.restart("llm", 5, clear_start_limit=True, daemon_reload=True, interval=0.01)
+    assert unit.calls() == [
+        "stop llm.service",
+        "daemon-reload",
+        "reset-failed llm.service",
+        "restart --no-block llm.service",
+    ]
+    assert (done["before"], done["after"], done["started"]) == ("old1", "new2", True)
+
+
+def test_a_restart_during_restartsec_is_deliberate_on_the_real_systemd(tmp_path):
+    """systemd 252 (the base image): a unit killed and waiting out RestartSec, restarted as a rollback does
+    (clear the start limit, reload): the new start is ours (a new invocation, NRestarts=0) and the crash's
+    pending restart never comes (still that invocation, still 0, after RestartSec)."""
+    lib = Path(restart.__file__).parent
+    unit_text = "[Service]\nExecStart=/bin/sleep 1000\nExecStartPost=/bin/sleep 1\nRestart=on-failure\nRestartSec=3\n"
+    with systemd_container("nr-restart", extra=("-v", f"{lib}:/opt/lib/llm_host_lib:ro")) as name:
+
+        def sh(script: str) -> str:
+            proc = subprocess.run(["docker", "exec", name, "sh", "-c", script], capture_output=True, text=True)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            return proc.stdout
+
+        def show() -> dict[str, str]:
+            out = sh("systemctl show -p SubState,NRestarts,InvocationID crashy.service")
+            return dict(line.split("=", 1) for line in out.splitlines())
+
+        sh(f"printf '{unit_text}' > /etc/systemd/system/crashy.service && systemctl daemon-reload")
+        sh("systemctl start crashy.service && kill -9 $(systemctl show -p MainPID --value crashy.service)")
+        crashed = show()
+        assert crashed["SubState"] == "auto-restart", crashed
+        done = json.loads(
+            sh(
+                'python3 -c \'import json, sys; sys.path.insert(0, "/opt/lib"); from llm_host_lib import restart; '
+                'print(json.dumps(restart.restart("crashy", 10, clear_start_limit=True, daemon_reload=True, '
+                "ready_timeout_s=10, interval=0.2)))'"
+            )
+        )
+        assert done["started"] and done["after"] not in ("", crashed["InvocationID"]), done
+        time.sleep(4)
+        assert show() == {"SubState": "running", "NRestarts": "0", "InvocationID": done["after"]}
 
 
 def test_a_drain_that_never_ends_fails_with_one_sentence(unit, monkeypatch):

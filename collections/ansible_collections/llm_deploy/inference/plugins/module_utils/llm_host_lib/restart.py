@@ -6,7 +6,11 @@ rollback's) through the module's ``restart`` command, and the watchdog between d
 (``files/watchdog.py``), which imports this module from beside itself on the host
 (``/usr/local/lib/<unit>/llm_host_lib/``, installed with the port guard's modules).
 
-1. Read the InvocationID of the unit's running start ("" when none runs).
+1. Read the InvocationID of the unit's running start ("" when none runs). A unit that crashed and waits
+   out RestartSec (sub-state ``auto-restart``) is stopped first: systemd 252 would otherwise let its
+   pending restart and this one meet, and the new start would be systemd's, NRestarts=1, which the gate
+   reads as a crash since the last deliberate start (a rollback right after a crash during the gate
+   was refused for it). Nothing runs in that state, so the stop drains nothing.
 2. ``--daemon-reload``: ``systemctl daemon-reload`` (a rollback put the unit file back).
 3. ``--clear-start-limit``: ``systemctl reset-failed``. StartLimitBurst counts every start, the
    deliberate ones too, and a unit systemd gave up on refuses starts until then: a deploy clears
@@ -40,7 +44,7 @@ from .guard import USAGE
 # What the wait adds to the unit's own bounds (TimeoutStopSec, TimeoutStartSec): systemd's own
 # steps around them (the stop's SIGKILL and reaping, ExecStartPre).
 MARGIN_S = 30.0
-PROPERTIES = "ActiveState,InvocationID,InactiveEnterTimestampMonotonic,Result,NRestarts"
+PROPERTIES = "ActiveState,SubState,InvocationID,InactiveEnterTimestampMonotonic,Result,NRestarts"
 
 
 def systemctl(*args: str) -> str:
@@ -49,7 +53,7 @@ def systemctl(*args: str) -> str:
 
 
 def unit_state(unit: str) -> dict[str, str]:
-    """ActiveState, InvocationID, InactiveEnterTimestampMonotonic, Result and NRestarts of ``unit``.service."""
+    """ActiveState, SubState, InvocationID, InactiveEnterTimestampMonotonic, Result and NRestarts of ``unit``."""
     out = systemctl("show", "-p", PROPERTIES, f"{unit}.service")
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
@@ -79,7 +83,10 @@ def restart(
     interval: float = 1.0,
 ) -> dict[str, object]:
     """Restart (``start``: start) ``unit`` and wait for its new start, as the module docstring says."""
-    before = unit_state(unit).get("InvocationID", "")
+    now = unit_state(unit)
+    before = now.get("InvocationID", "")
+    if now.get("SubState") == "auto-restart":
+        subprocess.run(["systemctl", "stop", f"{unit}.service"], capture_output=True, check=False)
     if daemon_reload:
         systemctl("daemon-reload")
     if clear_start_limit:

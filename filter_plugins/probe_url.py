@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploytools.probe_url import engine_bind, engine_port, engine_url, fronted, probe_url
+from deploytools.probe_url import engine_bind, engine_port, engine_url, front_url, fronted, is_loopback, probe_url
 
 
 class FilterModule:
@@ -19,6 +19,8 @@ class FilterModule:
         return {
             "probe_url": probe_url,
             "fronted": fronted,
+            "front_url": front_url,
+            "is_loopback": is_loopback,
             "engine_bind": engine_bind,
             "engine_port": engine_port,
             "engine_url": engine_url,

@@ -83,6 +83,20 @@ def test_nginx_accepts_the_configuration_for_every_kind_of_bind(tmp_path, bind):
     assert f"server {engine};" in conf
 
 
+def test_the_gateway_sources_are_the_unit_allow_lists_peers_and_the_trusted_sources(tmp_path):
+    """One derivation of this host's and the gateways' addresses (as the precheck resolved them) feeds the
+    front's gateway sources and the unit's IPAddressAllow=; the trusted sources are the front's alone."""
+    variables = {
+        "inference_server_host": "0.0.0.0",
+        "inference_server_front_trusted_sources": ["10.1.0.0/16"],
+        "_inference_server_peer_addresses": ["10.0.0.9", "fd00::9"],
+    }
+    conf = render(tmp_path, "front.conf.j2", **variables)
+    assert re.findall(r"^\s+(\S+) 1;$", conf, re.M) == ["127.0.0.0/8", "::1", "10.0.0.9", "fd00::9", "10.1.0.0/16"]
+    unit = render(tmp_path, "inference-server.service.j2", **variables)
+    assert re.findall(r"^IPAddressAllow=(.*)$", unit, re.M) == ["localhost 10.0.0.9 fd00::9"]
+
+
 def ask(tmp_path: Path, paths: list[str], **variables) -> dict[str, tuple[int, str]]:
     """What a client on the host gets through the front for each path: (status, the engine's path)."""
     conf = render(tmp_path, "front.conf.j2", inference_server_host="0.0.0.0", inference_server_port=30000, **variables)

@@ -95,9 +95,9 @@ def test_behind_the_front_the_unit_the_watchdog_and_the_gate_ask_the_engine(tmp_
     assert gate_url(tmp_path, inference_server_host=bind, inference_server_port=30000) == url
 
 
-def gate_url(tmp_path, **variables) -> str:
-    """health_gate_url as the gate's defaults derive it from the inventory's variables."""
-    task = {"name": "Show", "ansible.builtin.debug": {"msg": "{{ health_gate_url }}"}}
+def gate_url(tmp_path, name: str = "health_gate_url", **variables) -> str:
+    """``name`` (health_gate_url) as the gate's defaults derive it from the inventory's variables."""
+    task = {"name": "Show", "ansible.builtin.debug": {"msg": f"{{{{ {name} }}}}"}}
     defaults = REPO / "roles" / "health_gate" / "defaults" / "main.yml"
     proc = localhost_play(tmp_path, task, variables, [defaults], json_out=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -113,3 +113,15 @@ def test_the_gates_default_url_asks_where_the_server_listens(tmp_path, bind, url
 def test_the_gate_without_the_servers_variables_asks_the_default_port_on_loopback(tmp_path):
     """playbooks/gate.yml on a host whose inventory sets neither: the role's own defaults."""
     assert gate_url(tmp_path) == "http://127.0.0.1:30000"
+
+
+@pytest.mark.parametrize("bind, url", FRONTED)
+def test_the_gate_asks_the_front_where_one_stands_and_names_its_account(tmp_path, bind, url):
+    """health_gate_public_url: the front's bind seen from the host (filter front_url), '' without a front,
+    and the listener that may hold it only then."""
+    variables = {"inference_server_host": bind, "inference_server_port": 30000}
+    public = "" if url.endswith(":30000") else probe_url(bind, 30000)
+    assert gate_url(tmp_path, "health_gate_public_url", **variables) == public
+    assert gate_url(tmp_path, "health_gate_public_url", **variables, **NO_FRONT) == ""
+    expected_user = "inference-front" if public else ""
+    assert gate_url(tmp_path, "health_gate_public_listener_user", **variables) == expected_user

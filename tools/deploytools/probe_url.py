@@ -14,6 +14,8 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 # A wildcard bind, and the loopback address of its family that reaches it.
 WILDCARD_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -45,7 +47,7 @@ def probe_url(bind: Any, port: Any) -> str:
 
 
 def is_loopback(bind: Any) -> bool:
-    """Whether ``bind`` listens on loopback only (the rule of the role's ``_inference_server_on_loopback``).
+    """Whether ``bind`` listens on loopback only (the role's ``_inference_server_on_loopback``).
 
     >>> is_loopback("127.0.0.1"), is_loopback("::1"), is_loopback("localhost"), is_loopback("0.0.0.0")
     (True, True, True, False)
@@ -60,7 +62,16 @@ def fronted(bind: Any, front: Any = True) -> bool:
     >>> fronted("0.0.0.0"), fronted("10.0.4.17", False), fronted("127.0.0.1")
     (True, False, False)
     """
-    return _truthy(front) and not is_loopback(bind)
+    return boolean(front, strict=False) and not is_loopback(bind)
+
+
+def front_url(bind: Any, port: Any, front: Any = True) -> str:
+    """Where the host reaches the API front on ``bind``: ``probe_url(bind, port)`` where it stands, else ''.
+
+    >>> front_url("0.0.0.0", 30000), front_url("0.0.0.0", 30000, "false"), front_url("127.0.0.1", 8000)
+    ('http://127.0.0.1:30000', '', '')
+    """
+    return probe_url(bind, port) if fronted(bind, front) else ""
 
 
 def engine_bind(bind: Any, front: Any = True) -> str:
@@ -93,10 +104,3 @@ def engine_url(bind: Any, port: Any, front: Any = True, behind_port: Any = None)
     ('http://127.0.0.1:30001', 'http://127.0.0.1:30000', 'http://[::1]:9000')
     """
     return probe_url(engine_bind(bind, front), engine_port(port, bind, front, behind_port))
-
-
-def _truthy(value: Any) -> bool:
-    """Ansible's notion of a true boolean for a variable that may arrive as a string."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on", "y", "t")
-    return bool(value)

@@ -217,6 +217,19 @@ def test_the_unit_must_be_active_enabled_and_loaded(systemctl, props, problem):
     assert cs.unit_problem("llm") == problem
 
 
+def test_every_unit_of_a_role_must_serve_the_engines_and_its_fronts(systemctl):
+    """inference_server names its engine's unit and, on a network bind, its API front's: a front that stopped
+    between deploys sends the next deploy through the role (its start), not past it."""
+    systemctl.write_text("ActiveState=failed\nUnitFileState=enabled\nNeedDaemonReload=no\n")
+    entry = cs.take_role({"unit": ["llm", "llm-front"]}, {})
+    assert entry["unit"] == ["llm", "llm-front"]
+    failed = ["The unit llm is failed, not active.", "The unit llm-front is failed, not active."]
+    assert cs.host_differences(entry) == failed
+    # A record of one unit (as versions before the front wrote it), and none.
+    assert cs.host_differences({"unit": "llm"}) == ["The unit llm is failed, not active."]
+    assert cs.host_differences({"unit": ""}) == cs.host_differences({"unit": []}) == []
+
+
 def run_module(params: dict, check_mode: bool = False) -> dict:
     """Run the module as Ansible does (arguments in a file) and return its JSON result."""
     args = Path(params["path"]).parent.parent / "args.json"

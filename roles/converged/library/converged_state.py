@@ -18,7 +18,7 @@ description:
   - C(state=checked) compares a new fingerprint and the host as it is now with the record,
     in one call and without reading any model weights. A role is skipped when its own inputs
     (the parts that C(part_roles) gives to it) and every path it manages are as recorded
-    (and its unit, if any, is active and enabled at boot with no pending daemon-reload), and
+    (and its units, if any, are active and enabled at boot with no pending daemon-reload), and
     no role it C(needs) runs. An input part that belongs to no role of C(roles) is shared, and a
     change there runs every role. C(converged=true) when every role is skipped. When any role
     runs, it lists the C(reasons) and removes the record (not in check mode), so that a deploy
@@ -72,9 +72,9 @@ options:
         owner; or link target, directory, absence) is recorded. C(trees): directories whose
         regular files are recorded by size, mtime, mode and owner (not read). C(venvs): virtual
         environments whose installed distributions (the C(*.dist-info) names) are recorded.
-        C(users): accounts (uid, primary gid, home, shell). C(groups): groups (gid). C(unit): a
-        systemd unit (without C(.service)) that must be active, enabled and need no daemon-reload;
-        empty for none. C(facts): the names of the facts the role exports (their values come from
+        C(users): accounts (uid, primary gid, home, shell). C(groups): groups (gid). C(unit): the
+        systemd units (without C(.service)), a name or a list, that must be active, enabled and need
+        no daemon-reload; empty for none. C(facts): the names of the facts the role exports (their values come from
         C(facts)). C(needs): roles whose running makes this role run too."
       - Keys other than these are ignored, so a role's whole C(<role>_converged) mapping can be passed.
     type: dict
@@ -266,6 +266,12 @@ def unit_problem(unit: str) -> str | None:
     return None
 
 
+def unit_names(entry: dict) -> list[str]:
+    """The units of a role's entry: C(unit) as one name or a list ('' or none: no unit)."""
+    unit = entry.get("unit") or []
+    return [name for name in ([unit] if isinstance(unit, str) else unit) if name]
+
+
 def take_role(entry: dict, facts: dict) -> dict:
     """The record of one role: the state of what it manages now, its facts and what it needs."""
     return {
@@ -274,7 +280,7 @@ def take_role(entry: dict, facts: dict) -> dict:
         "venvs": {v: venv_state(v) for v in entry.get("venvs") or []},
         "users": {u: user_state(u) for u in entry.get("users") or []},
         "groups": {g: group_state(g) for g in entry.get("groups") or []},
-        "unit": entry.get("unit") or "",
+        "unit": unit_names(entry),
         "facts": {name: facts.get(name) for name in entry.get("facts") or []},
     }
 
@@ -327,8 +333,8 @@ def host_differences(entry: dict) -> list[str]:
     for group, was in entry.get("groups", {}).items():
         if group_state(group) != was:
             reasons.append(f"The group {group} changed.")
-    if entry.get("unit"):
-        problem = unit_problem(entry["unit"])
+    for unit in unit_names(entry):
+        problem = unit_problem(unit)
         if problem:
             reasons.append(problem)
     return reasons

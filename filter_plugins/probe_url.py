@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from deploytools.probe_url import engine_bind, engine_port, engine_url, front_url, fronted, is_loopback, probe_url
+from deploytools.probe_url import (
+    engine_bind,
+    engine_port,
+    engine_url,
+    front_scheme,
+    front_url,
+    fronted,
+    is_loopback,
+    probe_url,
+)
 
 
 class FilterModule:
@@ -20,6 +29,7 @@ class FilterModule:
             "probe_url": probe_url,
             "fronted": fronted,
             "front_url": front_url,
+            "front_scheme": front_scheme,
             "is_loopback": is_loopback,
             "engine_bind": engine_bind,
             "engine_port": engine_port,

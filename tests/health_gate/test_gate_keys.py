@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from fake_http import BackgroundServer, JSONHandler
 from gate_fakes import base_options, llm_gate
 from test_gate_cli import FAST, run_cli
 from test_gate_module import run_module, short_gate
+from tls_certs import CA, Issued
 
 API_KEY = "sk-client-4411"
 ADMIN_KEY = "sk-admin-9090"
@@ -85,14 +88,16 @@ class APIFront(BackgroundServer):
     passes only the public API, except the routes in ``leaks``, which hand over SGLang's arguments as the
     engine behind it would; anything else 404. Records what it was asked and with which Authorization."""
 
-    def __init__(self, leaks: tuple[str, ...] = ()) -> None:
+    def __init__(self, leaks: tuple[str, ...] = (), tls: Issued | None = None, folder: Path | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
         front = self
 
         class Handler(JSONHandler):
             def do_GET(self) -> None:  # noqa: N802 - http.server API
                 front.requests.append({"path": self.path, "authorization": self.headers.get("Authorization")})
-                if self.path in leaks and self.headers.get("Authorization") == f"Bearer {API_KEY}":
+                if self.path == "/health":
+                    self._json(200, {})
+                elif self.path in leaks and self.headers.get("Authorization") == f"Bearer {API_KEY}":
                     self._json(200, sglang_arguments(API_KEY, ADMIN_KEY))
                 elif self.path in ("/server_info", "/get_server_info"):
                     self._json(403, {"detail": "Forbidden"})
@@ -100,15 +105,21 @@ class APIFront(BackgroundServer):
                     self._json(404, {"detail": "Not Found"})
 
         super().__init__(Handler)
+        if tls is not None and folder is not None:  # TLS as the front serves it: its certificate and key
+            paths = tls.write(folder)
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(paths["cert"], paths["key"])
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            self.url = self.url.replace("http://", "https://")
 
 
 @pytest.fixture
-def api_front():
-    """Factory: ``api_front(leaks=(...))`` returns a started :class:`APIFront`."""
+def api_front(tmp_path):
+    """Factory: ``api_front(leaks=(...), tls=Issued)`` returns a started :class:`APIFront`."""
     fronts: list[APIFront] = []
 
-    def make(leaks: tuple[str, ...] = ()) -> APIFront:
-        fronts.append(APIFront(leaks).start())
+    def make(leaks: tuple[str, ...] = (), tls: Issued | None = None) -> APIFront:
+        fronts.append(APIFront(leaks, tls, tmp_path / f"front{len(fronts)}").start())
         return fronts[-1]
 
     yield make
@@ -150,7 +161,7 @@ def test_a_front_that_refuses_the_routes_passes_while_the_engine_behind_it_would
     assert report["passed"], report["reasons"]
     assert report["keys_readable"] == [] and report["public_url"] == front.url
     assert not any("reads the admin key" in note for note in report["notes"])
-    assert [r["path"] for r in front.requests] == ["/server_info", "/get_server_info"]
+    assert [r["path"] for r in front.requests] == ["/health", "/server_info", "/get_server_info"]
     # The engine's own routes are not asked for keys (discovery reads /server_info, which answers, so
     # /get_server_info would only come from the keys check): the engine sits behind the front on loopback.
     assert "/get_server_info" not in [r["path"] for r in engine.requests]
@@ -164,14 +175,14 @@ def test_without_a_public_url_the_engine_is_asked_and_a_finding_stays_a_warning(
     assert "/get_server_info" in [r["path"] for r in engine.requests]
 
 
-def test_a_public_url_without_an_admin_key_of_its_own_asks_nothing(fake_server, api_front):
+def test_a_public_url_without_an_admin_key_of_its_own_asks_only_that_it_answers(fake_server, api_front):
     engine = fake_server(api_key=API_KEY, server_info=sglang_arguments(API_KEY, None))
     front = api_front(leaks=("/server_info", "/get_server_info"))
     for admin in (None, API_KEY):
         options = base_options(engine.url, api_key=API_KEY, admin_api_key=admin, public_url=front.url)
         report = llm_gate.run_gate(options)
         assert report["keys_readable"] is None and report["passed"], report["reasons"]
-    assert front.requests == []
+    assert [r["path"] for r in front.requests] == ["/health", "/health"]
 
 
 @pytest.mark.parametrize("bad", ["ftp://front:30000", "127.0.0.1:30000", "http://front:port", 30000])
@@ -244,3 +255,62 @@ def test_the_module_fails_on_a_leaking_public_url_and_quotes_no_key(fake_server,
     # A verdict, not a warning besides it.
     assert not any("reads the admin key" in warning for warning in out.get("warnings", []))
     assert ADMIN_KEY not in json.dumps(out) and API_KEY not in json.dumps(out)
+
+
+# TLS on the front (issue 51, item 2; docs/security.md, "TLS"): the gate asks the public bind as a client, the
+# certificate verified with the CA the front's was issued by (ca_file) for the server name clients ask for.
+def tls_front(api_front, tmp_path, names=("gpu1", "127.0.0.1")) -> tuple[APIFront, str]:
+    """A front serving TLS with a certificate of a test CA for ``names``; (front, the CA's file)."""
+    ca = CA()
+    (tmp_path / "ca.pem").write_text(ca.pem)
+    return api_front(tls=ca.issue(*names)), str(tmp_path / "ca.pem")
+
+
+def test_a_tls_front_is_asked_with_its_certificate_verified(fake_server, api_front, tmp_path):
+    engine = fake_server(api_key=API_KEY, server_info=sglang_arguments(API_KEY, ADMIN_KEY))
+    front, ca_file = tls_front(api_front, tmp_path)
+    assert front.url.startswith("https://127.0.0.1:")
+    options = base_options(engine.url, api_key=API_KEY, admin_api_key=ADMIN_KEY, public_url=front.url)
+    report = llm_gate.run_gate(dict(options, ca_file=ca_file, tls_server_name="gpu1"))
+    assert report["passed"], report["reasons"]
+    assert report["tls"] == {"ca_file": ca_file, "server_name": "gpu1"}
+    assert [r["path"] for r in front.requests] == ["/health", "/server_info", "/get_server_info"]
+
+
+@pytest.mark.parametrize("wrong", ["another CA", "another name", "the system CAs"])
+def test_a_certificate_clients_would_refuse_fails_the_gate_before_a_key_is_sent(
+    fake_server, api_front, tmp_path, wrong
+):
+    engine = fake_server(api_key=API_KEY, server_info=sglang_arguments(API_KEY, ADMIN_KEY))
+    front, ca_file = tls_front(api_front, tmp_path)
+    if wrong == "another CA":
+        (tmp_path / "other.pem").write_text(CA("other").pem)
+        ca_file = str(tmp_path / "other.pem")
+    settings = {"ca_file": "" if wrong == "the system CAs" else ca_file,
+                "tls_server_name": "gpu2" if wrong == "another name" else "gpu1"}  # fmt: skip
+    options = base_options(engine.url, api_key=API_KEY, admin_api_key=ADMIN_KEY, public_url=front.url)
+    report = llm_gate.run_gate(dict(options, **settings))
+    assert report["passed"] is False and report["phase"] == "discover"
+    reason = report["reasons"][0]
+    assert reason.startswith(f"the public URL {front.url} presents a certificate that clients refuse: "), reason
+    assert "Hostname mismatch" in reason if wrong == "another name" else "unable to get local issuer" in reason
+    assert front.requests == []  # no request, so no key, went to a server the gate does not trust
+    assert engine.chat_requests() == []
+
+
+def test_a_front_that_does_not_answer_fails_the_gate(fake_server, api_front):
+    engine = fake_server(api_key=API_KEY, server_info=sglang_arguments(API_KEY, None))
+    front = api_front()
+    front.close()
+    report = llm_gate.run_gate(base_options(engine.url, api_key=API_KEY, public_url=front.url))
+    assert report["passed"] is False and report["phase"] == "discover"
+    assert report["reasons"][0].startswith(f"the public URL {front.url} does not answer /health ("), report["reasons"]
+
+
+def test_a_ca_file_the_gate_cannot_read_is_refused_before_any_request(fake_server, api_front, tmp_path):
+    engine = fake_server(api_key=API_KEY, server_info=sglang_arguments(API_KEY, None))
+    front, _ = tls_front(api_front, tmp_path)
+    options = dict(base_options(engine.url, api_key=API_KEY, public_url=front.url), ca_file=str(tmp_path / "none.pem"))
+    with pytest.raises(llm_gate.GateUsageError, match=r"^ca_file '.*none.pem' cannot be read as PEM certificates"):
+        llm_gate.run_gate(options)
+    assert engine.requests == [] and front.requests == []

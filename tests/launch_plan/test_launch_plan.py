@@ -451,8 +451,12 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
             "['systemd_env_file', 'systemd_env_file_line', 'systemd_env_line', 'systemd_exec_lines', 'systemd_quote', "
             "'systemd_text']"
         ),
-        "probe_url": "['engine_bind', 'engine_port', 'engine_url', 'front_url', 'fronted', 'is_loopback', 'probe_url']",
+        "probe_url": (
+            "['engine_bind', 'engine_port', 'engine_url', 'front_scheme', 'front_url', 'fronted', 'is_loopback', "
+            "'probe_url']"
+        ),
         "model_layout": "['model_current_link', 'model_serving_path']",
+        "tls": "['tls_expires_within', 'tls_problem']",
     }
     for name, filters in expected.items():
         proc = subprocess.run(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 from monitoring_support import REPO, ROLE, RULES, promtool
+from tls_certs import CA
 
 KEY = "sk-serving-key-0123456789abcdef"
 
@@ -94,7 +95,9 @@ def run_role(
 
 
 def test_scrape_config_has_every_target_and_passes_promtool(tmp_path):
-    proc = run_role(tmp_path)
+    # promtool checks that a scrape's CA file exists: the one the role writes, here in the test's folder.
+    (tmp_path / "servers-ca.pem").write_text(CA().pem)
+    proc = run_role(tmp_path, {"_monitoring_servers_ca_file": str(tmp_path / "servers-ca.pem")})
     assert proc.returncode == 0, proc.stdout[-3000:]
     config = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
@@ -105,6 +108,10 @@ def test_scrape_config_has_every_target_and_passes_promtool(tmp_path):
     assert jobs["smg-gw-a01"]["static_configs"][0]["targets"] == ["10.0.4.2:29000"]
     assert jobs["sglang-gpu-a01"]["metric_relabel_configs"][0]["replacement"] == "sglang:$1"
     assert "authorization" not in jobs["sglang-gpu-a01"]
+    # TLS on gpu-a01's API front (a network bind): verified with the CA, for its server name.
+    assert jobs["sglang-gpu-a01"]["scheme"] == "https"
+    tls = {"ca_file": str(tmp_path / "servers-ca.pem"), "server_name": "gpu-a01"}
+    assert jobs["sglang-gpu-a01"]["tls_config"] == tls
     check = subprocess.run(
         [promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from test_drain import template_run
+from tls_certs import CA, Issued
 
 IMAGE = os.environ.get("BASE_IMAGE", "local/bookworm-systemd")
 # The threshold of every unit the role writes (molecule/default's test_sandbox.py for the engine's).
@@ -43,11 +44,13 @@ http.server.ThreadingHTTPServer(("127.0.0.1", 30001), H).serve_forever()
 # account, then one curl per path (status and body), printed as JSON lines.
 ASK = """
 python3 -c "$ENGINE" &
-mkdir -p /tmp/front && cp /front/conf /tmp/front/conf && chown -R nobody /tmp/front
+mkdir -p /tmp/front /etc/inference-server-front/tls && cp /front/conf /tmp/front/conf && chown -R nobody /tmp/front
+if [ -d /front/tls ]; then cp /front/tls/cert.pem /front/tls/key.pem /etc/inference-server-front/tls/; fi
+chown -R nobody /etc/inference-server-front/tls
 su -s /bin/sh nobody -c 'nginx -e stderr -c /tmp/front/conf -p /tmp/front/ -g "daemon off;"' &
-for i in $(seq 100); do curl -sf -o /dev/null http://127.0.0.1:30000/health && break; sleep 0.1; done
+for i in $(seq 100); do curl -sf $CURL_OPTS -o /dev/null "$BASE/health" && break; sleep 0.1; done
 for path in $PATHS; do
-  out=$(curl -s -w '\\n%{http_code}' "http://127.0.0.1:30000$path")
+  out=$(curl -s $CURL_OPTS -w '\\n%{http_code}' "$BASE$path")
   status=$(echo "$out" | tail -1) body=$(echo "$out" | head -1 | tr -d '"<>\\r')
   printf '{"path": "%s", "status": "%s", "body": "%s"}\\n' "$path" "$status" "$body"
 done
@@ -74,8 +77,14 @@ def in_image(tmp_path: Path, script: str, *docker_args: str, **env: str) -> subp
 def test_nginx_accepts_the_configuration_for_every_kind_of_bind(tmp_path, bind):
     conf = render(tmp_path, "front.conf.j2", inference_server_host=bind, inference_server_port=30000)
     (tmp_path / "conf").write_text(conf)
-    # nginx -t asks whether a specific address is this host's: the container gets the two of BINDS.
-    script = "ip addr add 10.0.4.17/32 dev lo && ip -6 addr add fd00::5/128 dev lo && mkdir -p /tmp/p"
+    assert "ssl_certificate /etc/inference-server-front/tls/cert.pem;" in conf  # TLS by default
+    CA().issue("gpu1").write(tmp_path)
+    # nginx -t asks whether a specific address is this host's: the container gets the two of BINDS; and it
+    # reads the certificate and key the configuration names.
+    script = (
+        "ip addr add 10.0.4.17/32 dev lo && ip -6 addr add fd00::5/128 dev lo && mkdir -p /tmp/p "
+        "/etc/inference-server-front/tls && cp /front/cert.pem /front/key.pem /etc/inference-server-front/tls/"
+    )
     check = f"{script} && nginx -t -q -e stderr -c /front/conf -p /tmp/p/"
     proc = in_image(tmp_path, check, "--cap-add=NET_ADMIN", "--sysctl=net.ipv6.conf.all.disable_ipv6=0")
     assert proc.returncode == 0, proc.stderr + conf
@@ -97,11 +106,19 @@ def test_the_gateway_sources_are_the_unit_allow_lists_peers_and_the_trusted_sour
     assert re.findall(r"^IPAddressAllow=(.*)$", unit, re.M) == ["localhost 10.0.0.9 fd00::9"]
 
 
-def ask(tmp_path: Path, paths: list[str], **variables) -> dict[str, tuple[int, str]]:
-    """What a client on the host gets through the front for each path: (status, the engine's path)."""
+def ask(
+    tmp_path: Path, paths: list[str], tls: Issued | None = None, curl: str = "", base: str = "", **variables
+) -> dict[str, tuple[int, str]]:
+    """What a client on the host gets through the front for each path: (status, the engine's path). Without
+    ``tls`` the front serves plain HTTP (inference_server_tls false); with it, its certificate and key, and
+    ``curl``'s options (--cacert, --resolve) ask it as a client that verifies it would."""
+    variables.setdefault("inference_server_tls", tls is not None)
     conf = render(tmp_path, "front.conf.j2", inference_server_host="0.0.0.0", inference_server_port=30000, **variables)
     (tmp_path / "conf").write_text(conf)
-    proc = in_image(tmp_path, ASK, ENGINE=ENGINE, PATHS=" ".join(paths))
+    if tls is not None:
+        tls.write(tmp_path / "tls")
+    base = base or ("https://gpu1:30000" if tls is not None else "http://127.0.0.1:30000")
+    proc = in_image(tmp_path, ASK, ENGINE=ENGINE, PATHS=" ".join(paths), BASE=base, CURL_OPTS=curl)
     answers = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(answers) == len(paths), proc.stdout + proc.stderr
     assert "000" not in [a["status"] for a in answers], proc.stdout + proc.stderr
@@ -127,6 +144,25 @@ def test_a_gateway_source_reads_the_gateway_routes_but_never_get_server_info(tmp
     got = ask(tmp_path, GATEWAY + ["/get_server_info"])  # loopback is a gateway source by default
     assert {p: got[p] for p in GATEWAY} == {p: (200, p) for p in GATEWAY}
     assert got["/get_server_info"][0] == 403
+
+
+def test_the_front_serves_tls_that_a_client_verifies_and_no_plain_http(tmp_path):
+    """issue 51, item 2: the API key crosses the network inside TLS; a client that verifies the certificate
+    with the CA it was issued by, for the host's name, reaches the API; plain HTTP on that port does not."""
+    ca = CA()
+    (tmp_path / "ca.pem").write_text(ca.pem)
+    verify = "--cacert /front/ca.pem --resolve gpu1:30000:127.0.0.1"
+    got = ask(tmp_path, ["/health", "/v1/models", "/flush_cache"], tls=ca.issue("gpu1", "127.0.0.1"), curl=verify)
+    assert got == {"/health": (200, "/health"), "/v1/models": (200, "/v1/models"), "/flush_cache": (404, "")}
+    # Plain HTTP on the TLS port: nginx's 400, no route reached.
+    plain = ask(tmp_path, ["/health", "/v1/models"], tls=ca.issue("gpu1"), base="http://127.0.0.1:30000")
+    assert plain == {"/health": (400, ""), "/v1/models": (400, "")}
+    # Another CA, or a name the certificate does not hold: curl refuses before a request goes out (000).
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "ca.pem").write_text(CA("other").pem)
+    with pytest.raises(AssertionError, match="000"):
+        ask(other, ["/health"], tls=ca.issue("gpu1"), curl=verify)
 
 
 def test_the_fronts_unit_is_sandboxed_under_the_threshold(tmp_path):

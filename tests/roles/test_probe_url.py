@@ -118,10 +118,17 @@ def test_the_gate_without_the_servers_variables_asks_the_default_port_on_loopbac
 @pytest.mark.parametrize("bind, url", FRONTED)
 def test_the_gate_asks_the_front_where_one_stands_and_names_its_account(tmp_path, bind, url):
     """health_gate_public_url: the front's bind seen from the host (filter front_url), '' without a front,
-    and the listener that may hold it only then."""
+    and the listener that may hold it, the CA and the server name of its certificate only then."""
     variables = {"inference_server_host": bind, "inference_server_port": 30000}
-    public = "" if url.endswith(":30000") else probe_url(bind, 30000)
+    fronted = not url.endswith(":30000")
+    # TLS on the front by default (inference_server_tls): https, verified with the CA the role installed.
+    public = probe_url(bind, 30000, "https") if fronted else ""
     assert gate_url(tmp_path, "health_gate_public_url", **variables) == public
     assert gate_url(tmp_path, "health_gate_public_url", **variables, **NO_FRONT) == ""
+    plain = gate_url(tmp_path, "health_gate_public_url", **variables, inference_server_tls=False)
+    assert plain == (probe_url(bind, 30000) if fronted else "")
     expected_user = "inference-front" if public else ""
     assert gate_url(tmp_path, "health_gate_public_listener_user", **variables) == expected_user
+    ca_file = "/etc/inference-server-front/tls/ca.pem" if fronted else ""
+    assert gate_url(tmp_path, "health_gate_ca_file", **variables) == ca_file
+    assert gate_url(tmp_path, "health_gate_tls_server_name", **variables) == ("localhost" if fronted else "")

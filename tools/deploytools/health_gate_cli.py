@@ -113,6 +113,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the account that runs the API front: refuse, before any key is sent, a listener on --public-url's "
         "port (of this host) that belongs to another account",
     )
+    p.add_argument(
+        "--ca-file",
+        default=d["ca_file"],
+        help="the CA (PEM) that an https URL's certificate is verified with (empty: the system's CAs)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        default=d["tls_server_name"],
+        help="the name an https URL's certificate must be issued to (empty: the URL's host)",
+    )
     p.add_argument("--engine", choices=llm_gate.ENGINES, default=d["engine"])
     floats(
         ("--ready-timeout", "ready_timeout_s", "seconds to wait for readiness"),
@@ -238,6 +248,8 @@ def options_from(args: argparse.Namespace) -> dict[str, Any]:
         "listener_user": args.listener_user,
         "public_url": args.public_url,
         "public_listener_user": args.public_listener_user,
+        "ca_file": args.ca_file,
+        "tls_server_name": args.tls_server_name,
         "engine": args.engine,
         "ready_timeout_s": args.ready_timeout_s,
         "poll_interval_s": args.poll_interval_s,

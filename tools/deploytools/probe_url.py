@@ -36,14 +36,14 @@ def probe_host(bind: Any) -> str:
     return WILDCARD_LOOPBACK.get(host, host)
 
 
-def probe_url(bind: Any, port: Any) -> str:
-    """``http://<host>:<port>`` for a server bound to ``bind`` on ``port``, IPv6 in brackets.
+def probe_url(bind: Any, port: Any, scheme: str = "http") -> str:
+    """``<scheme>://<host>:<port>`` for a server bound to ``bind`` on ``port``, IPv6 in brackets.
 
-    >>> probe_url("::", 30000), probe_url("127.0.0.1", 8000), probe_url("localhost", 8000)
-    ('http://[::1]:30000', 'http://127.0.0.1:8000', 'http://localhost:8000')
+    >>> probe_url("::", 30000), probe_url("127.0.0.1", 8000), probe_url("localhost", 8000, "https")
+    ('http://[::1]:30000', 'http://127.0.0.1:8000', 'https://localhost:8000')
     """
     host = probe_host(bind)
-    return f"http://{f'[{host}]' if ':' in host else host}:{int(port)}"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{int(port)}"
 
 
 def is_loopback(bind: Any) -> bool:
@@ -65,13 +65,22 @@ def fronted(bind: Any, front: Any = True) -> bool:
     return boolean(front, strict=False) and not is_loopback(bind)
 
 
-def front_url(bind: Any, port: Any, front: Any = True) -> str:
-    """Where the host reaches the API front on ``bind``: ``probe_url(bind, port)`` where it stands, else ''.
+def front_scheme(bind: Any, front: Any = True, tls: Any = True) -> str:
+    """The scheme clients reach ``bind`` with: https behind the front with TLS (``inference_server_tls``), else http.
 
-    >>> front_url("0.0.0.0", 30000), front_url("0.0.0.0", 30000, "false"), front_url("127.0.0.1", 8000)
-    ('http://127.0.0.1:30000', '', '')
+    >>> front_scheme("0.0.0.0"), front_scheme("0.0.0.0", True, False), front_scheme("127.0.0.1")
+    ('https', 'http', 'http')
     """
-    return probe_url(bind, port) if fronted(bind, front) else ""
+    return "https" if fronted(bind, front) and boolean(tls, strict=False) else "http"
+
+
+def front_url(bind: Any, port: Any, front: Any = True, tls: Any = True) -> str:
+    """Where the host reaches the API front on ``bind`` (https with TLS): '' where none stands.
+
+    >>> front_url("0.0.0.0", 30000), front_url("0.0.0.0", 30000, True, "no"), front_url("127.0.0.1", 8000)
+    ('https://127.0.0.1:30000', 'http://127.0.0.1:30000', '')
+    """
+    return probe_url(bind, port, front_scheme(bind, front, tls)) if fronted(bind, front) else ""
 
 
 def engine_bind(bind: Any, front: Any = True) -> str:

@@ -212,10 +212,17 @@ def test_every_host_serves_behind_its_api_front(host):
     what passes the front is the public API (docs/security.md, "The API front"): from the gateway's host,
     /v1/models answers and the engine's other routes (/docs, which transformers serve has) do not."""
     if host.backend.get_hostname() == GATEWAY:
+        # TLS on the front (docs/security.md, "TLS"): verified with the CAs the gateway's smg uses, for the
+        # host's name; plain HTTP on that port reaches no route.
+        ca = "/usr/local/lib/smg-gateway/workers-ca.pem"
         status = {}
         for path in ("/v1/models", "/docs", "/get_server_info"):
-            status[path] = host.check_output(f"curl -s -o /dev/null -w %{{http_code}} http://{HOSTS[0]}:8000{path}")
+            status[path] = host.check_output(
+                f"curl -s --cacert {ca} -o /dev/null -w %{{http_code}} https://{HOSTS[0]}:8000{path}"
+            )
         assert status == {"/v1/models": "200", "/docs": "404", "/get_server_info": "403"}
+        plain = host.check_output(f"curl -s -o /dev/null -w %{{http_code}} http://{HOSTS[0]}:8000/v1/models")
+        assert plain == "400"
         return
     assert host.service("inference-server-front").is_running
     listening = host.check_output("ss -ltnpH")
@@ -223,6 +230,11 @@ def test_every_host_serves_behind_its_api_front(host):
     assert re.search(r"127\.0\.0\.1:8001 .*transformers", listening), listening
     assert host.check_output("ps -o user:32= -C nginx | sort -u") == "inference-front"
     assert host.check_output("curl -s -o /dev/null -w %{http_code} http://127.0.0.1:8001/docs") == "200"
+    # Its key is the front's account's to read, nobody else's; the certificate names the host.
+    key = host.file("/etc/inference-server-front/tls/key.pem")
+    assert (key.user, key.group, key.mode) == ("root", "inference-front", 0o640)
+    names = host.check_output("openssl x509 -noout -ext subjectAltName -in /etc/inference-server-front/tls/cert.pem")
+    assert f"DNS:{host.backend.get_hostname()}" in names and "IP Address:127.0.0.1" in names, names
 
 
 def test_the_gateway_runs_with_its_key_in_a_root_only_file_and_nowhere_else(host):

@@ -90,6 +90,18 @@ options:
         a listener of another account on its port gets no key, as O(listener_user) for O(url).
       - Empty or omitted means not checked.
     type: str
+  ca_file:
+    description:
+      - The CA (a PEM file on the target host) that the certificate of an https O(url) or O(public_url) is
+        verified with; empty means the system's CAs. A certificate it does not verify, or one not issued to
+        O(tls_server_name), fails the gate in discovery before any key is sent (docs/security.md, TLS).
+    type: str
+    default: ""
+  tls_server_name:
+    description:
+      - The name an https URL's certificate must be issued to; empty means the URL's host.
+    type: str
+    default: ""
   allow_prior_restarts:
     description:
       - C(NRestarts) is reset by a deliberate (re)start, so a value above 0 when the gate
@@ -533,6 +545,8 @@ def argument_spec() -> dict:
         listener_user=dict(type="str"),
         public_url=dict(type="str", default=DEFAULTS["public_url"]),
         public_listener_user=dict(type="str"),
+        ca_file=dict(type="str", default=DEFAULTS["ca_file"]),
+        tls_server_name=dict(type="str", default=DEFAULTS["tls_server_name"]),
         engine=dict(type="str", default=DEFAULTS["engine"], choices=list(ENGINES)),
         prompts=dict(type="raw"),
         baseline=dict(type="dict"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -44,16 +45,45 @@ class _GuardedHTTP(_Guarded, http.client.HTTPConnection):
     """Plain HTTP, guarded."""
 
 
-class _GuardedHTTPS(_Guarded, http.client.HTTPSConnection):
-    """HTTPS, guarded (the check of who accepted is made once TLS is up, still before the request)."""
+class _GuardedHTTPS(http.client.HTTPSConnection):
+    """HTTPS, guarded (the check of who accepted is made once TLS is up, still before the request), its
+    certificate verified for ``server_name`` (the URL's host when empty) with the connection's context."""
+
+    guard: ListenerGuard | None = None
+    server_name = ""
+
+    def connect(self) -> None:
+        """Connect, TLS up for ``server_name``, between the guard's two checks."""
+        if self.guard is not None:
+            self.guard.check()
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.server_name or self.host)  # type: ignore[attr-defined]
+        if self.guard is not None:
+            self.guard.verify(self.sock)
+
+
+def tls_context(ca_file: str = "") -> ssl.SSLContext:
+    """A client context that verifies certificates with ``ca_file`` (PEM), or with the system's CAs when ''.
+
+    :class:`OSError` or :class:`ssl.SSLError` when ``ca_file`` cannot be read as PEM certificates.
+    """
+    return ssl.create_default_context(cafile=ca_file or None)
 
 
 class Endpoint:
     """Base URL of the server plus the optional API key (sent as a Bearer token) and the guard that
     checks, before every connection, who listens on the port (:mod:`.listener`)."""
 
-    def __init__(self, url: str, api_key: str | None = None, guard: ListenerGuard | None = None) -> None:
-        """Split ``url`` into scheme, host, port and path prefix."""
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None = None,
+        guard: ListenerGuard | None = None,
+        tls: ssl.SSLContext | None = None,
+        server_name: str = "",
+    ) -> None:
+        """Split ``url`` into scheme, host, port and path prefix; an https URL's certificate is verified with
+        ``tls`` (:func:`tls_context`; the system's CAs when None) for ``server_name`` (the URL's host when '')."""
         parts = urllib.parse.urlsplit(url)
         self.scheme = parts.scheme
         self.host = parts.hostname or "127.0.0.1"
@@ -63,17 +93,24 @@ class Endpoint:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.display = f"{self.scheme}://{host}:{self.port}{self.prefix}"
         self.guard = guard
+        self.tls = tls
+        self.server_name = server_name
 
     def with_key(self, api_key: str | None) -> Endpoint:
-        """The same server and guard with another key (the admin key of an admin endpoint)."""
-        return Endpoint(self.display, api_key, self.guard)
+        """The same server, guard and TLS settings with another key (the admin key of an admin endpoint)."""
+        return Endpoint(self.display, api_key, self.guard, self.tls, self.server_name)
 
     def connect(self, timeout: float) -> http.client.HTTPConnection:
         """A new connection (one per request: simple and safe across threads); it connects on its first
         request, and then, with a guard, only after the guard's checks (:class:`_Guarded`)."""
-        kind = _GuardedHTTPS if self.scheme == "https" else _GuardedHTTP
-        conn = kind(self.host, self.port, timeout=timeout)
-        conn.guard = self.guard
+        if self.scheme == "https":
+            conn: http.client.HTTPConnection = _GuardedHTTPS(
+                self.host, self.port, timeout=timeout, context=self.tls or tls_context()
+            )
+            conn.server_name = self.server_name  # type: ignore[attr-defined]
+        else:
+            conn = _GuardedHTTP(self.host, self.port, timeout=timeout)
+        conn.guard = self.guard  # type: ignore[attr-defined]
         return conn
 
     def headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:

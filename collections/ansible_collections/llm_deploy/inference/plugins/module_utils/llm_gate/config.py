@@ -76,6 +76,10 @@ class GateConfig:
     # The account that runs the front: the public URL's listener guard, as listener_user's for url.
     # None: not checked.
     public_listener_user: str | None = None
+    # TLS (docs/security.md, "TLS"): the CA (a PEM file) that an https URL's certificate is verified with
+    # ("": the system's CAs) and the name it must be issued to ("": the URL's host).
+    ca_file: str = ""
+    tls_server_name: str = ""
     engine: str = "auto"
     ready_timeout_s: float = _ranged(1800.0, 0, "more than 0 seconds", strict=True)
     poll_interval_s: float = _ranged(1.0, 0, "more than 0 seconds", strict=True)
@@ -376,6 +380,9 @@ def validate_config(options: dict[str, Any]) -> GateConfig:
         )
     if cfg.get("public_listener_user") is not None and not isinstance(cfg.get("public_listener_user"), str):
         errors.append("public_listener_user must be an account name or uid")
+    for name in ("ca_file", "tls_server_name"):
+        if not isinstance(cfg.get(name), str):
+            errors.append(f"{name} must be a string ('' for none), got {cfg.get(name)!r}")
     try:
         cfg["prompts"] = load_prompts(cfg.get("prompts"))
     except GateUsageError as exc:

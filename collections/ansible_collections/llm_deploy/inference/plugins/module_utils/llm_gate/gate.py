@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
 
 from . import discovery
-from .client import Endpoint
+from .client import Endpoint, tls_context
 from .config import SCHEMA_VERSION, GateConfig
 from .correctness import reference_of, wanted
 from .errors import GateFailure, GateUsageError, RequestError
@@ -61,6 +63,12 @@ def _new_report(
         "keys_readable": None,
         # The API front's public bind asked instead of the server's routes (_public_keys); None: not set.
         "public_url": public.display if public else None,
+        # TLS: the CA file and the name an https URL's certificate was verified with (None: plain HTTP).
+        "tls": (
+            {"ca_file": cfg.ca_file or None, "server_name": cfg.tls_server_name or None}
+            if "https" in (endpoint.scheme, public.scheme if public else "")
+            else None
+        ),
         "correctness": None,
         "correctness_why": None,
         "checks": [],
@@ -107,6 +115,8 @@ def _discover(run: _Run) -> tuple[str, dict[str, Any] | None, str]:
         report["server"] = {k: info.get(k) for k in discovery.SERVER_INFO_KEYS if k in info}
     elif engine == "sglang":
         report["notes"].append("engine is sglang but /server_info and /get_server_info did not answer")
+    if run.public is not None:
+        monitor.call(_public_answers, run.public, cfg, timeout)
     if cfg.admin_api_key and cfg.admin_api_key != cfg.api_key:
         keys = {"the admin key": cfg.admin_api_key}
         if run.public is not None:
@@ -139,6 +149,35 @@ def _discover(run: _Run) -> tuple[str, dict[str, Any] | None, str]:
     return engine, info, model
 
 
+def _public_answers(public: Endpoint, cfg: GateConfig, timeout: float) -> None:
+    """The API front's public bind answers ``/health`` as a client reaches it, its certificate verified (https).
+
+    A front that is down, a certificate the gate's CA (``ca_file``) does not verify or that is not issued to the
+    server name clients ask for: :class:`GateFailure` naming the URL, before any route of the front is judged.
+    """
+    try:
+        status, _ = public.request("GET", "/health", timeout=timeout)
+    except GateFailure as exc:  # the listener guard refused the port's holder
+        if exc.watch is not None:
+            raise
+        raise GateFailure("discover", f"at the public URL {public.display}, {exc.reason}") from exc
+    except ssl.SSLCertVerificationError as exc:
+        raise GateFailure(
+            "discover",
+            f"the public URL {public.display} presents a certificate that clients refuse: {exc.verify_message} "
+            f"(verified with {cfg.ca_file or 'the system CAs'} for {cfg.tls_server_name or public.host}); "
+            "install the certificate the CA issued for that name (docs/security.md, TLS)",
+        ) from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise GateFailure(
+            "discover",
+            f"the public URL {public.display} does not answer /health ({exc}): clients cannot reach the "
+            "server there (is the API front running, and is it the scheme the front serves?)",
+        ) from None
+    if status != 200:
+        raise GateFailure("discover", f"the public URL {public.display} answered /health with HTTP {status}")
+
+
 def _public_keys(run: _Run, public: Endpoint, keys: dict[str, str]) -> None:
     """Whether the API front's public bind (``public``) hands one of ``keys`` to the API key: a verdict, not a note.
 
@@ -167,7 +206,20 @@ def _public_keys(run: _Run, public: Endpoint, keys: dict[str, str]) -> None:
         )
 
 
-def _public_endpoint(cfg: GateConfig) -> Endpoint | None:
+def _tls(cfg: GateConfig) -> ssl.SSLContext | None:
+    """The context that https URLs' certificates are verified with (``ca_file``); None when no URL is https.
+
+    :class:`GateUsageError` (before the gate touches anything) when ``ca_file`` cannot be read.
+    """
+    if not any(url.startswith("https://") for url in (cfg.url, cfg.public_url)):
+        return None
+    try:
+        return tls_context(cfg.ca_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise GateUsageError(f"ca_file {cfg.ca_file!r} cannot be read as PEM certificates: {exc}") from None
+
+
+def _public_endpoint(cfg: GateConfig, tls: ssl.SSLContext | None = None) -> Endpoint | None:
     """The API front's public bind (``public_url``) as a client reaches it: the API key, the gate's timeouts
     and a listener guard of its own (``public_listener_user``), made as the server's is, so that no key goes
     to another account's listener there. None without ``public_url``.
@@ -176,7 +228,7 @@ def _public_endpoint(cfg: GateConfig) -> Endpoint | None:
     """
     if not cfg.public_url:
         return None
-    public = Endpoint(cfg.public_url, cfg.api_key)
+    public = Endpoint(cfg.public_url, cfg.api_key, tls=tls, server_name=cfg.tls_server_name)
     try:
         public.guard = make_guard(public.host, public.port, cfg.public_listener_user)
     except ValueError:
@@ -342,12 +394,13 @@ def run_gate(options: dict[str, Any] | GateConfig, progress: Callable[[str], Non
         if progress:
             progress(f"[{time.monotonic() - t_start:7.1f} s] {message}")
 
-    endpoint = Endpoint(cfg.url, cfg.api_key)
+    tls = _tls(cfg)
+    endpoint = Endpoint(cfg.url, cfg.api_key, tls=tls, server_name=cfg.tls_server_name)
     try:
         endpoint.guard = make_guard(endpoint.host, endpoint.port, cfg.listener_user)
     except ValueError as exc:
         raise GateUsageError(str(exc)) from exc
-    public = _public_endpoint(cfg)
+    public = _public_endpoint(cfg, tls)
     watcher = make_watcher(cfg)
     monitor = Monitor(watcher, max(0.2, min(cfg.poll_interval_s / 2.0, 1.0)))
     report = _new_report(cfg, endpoint, public, watcher, started.strftime(TIMESTAMP_FORMAT))

@@ -101,11 +101,17 @@ def test_unit_carries_the_origin_story_working_flags(host):
 
 
 def test_the_api_front_holds_the_bind_and_passes_only_the_public_api(host):
-    """ct129's 0.0.0.0:30000 is the front's (nginx as inference-front), the engine is behind it on loopback."""
+    """ct129's 0.0.0.0:30000 is the front's (nginx as inference-front), with TLS (the deploy's CA issued the host a
+    certificate for its inventory name), the engine behind it on loopback."""
     front = host.file(f"/etc/systemd/system/{UNIT}-front.service").content_string
     assert "User=inference-front" in front and "ExecStart=/usr/sbin/nginx " in front
     conf = host.file(f"/etc/{UNIT}-front/nginx.conf").content_string
-    assert re.findall(r"^\s*listen (\S+);$", conf, re.M) == ["0.0.0.0:30000"]
+    assert re.findall(r"^\s*listen (\S+ ssl);$", conf, re.M) == ["0.0.0.0:30000 ssl"]
+    assert f"ssl_certificate /etc/{UNIT}-front/tls/cert.pem;" in conf
+    key = host.file(f"/etc/{UNIT}-front/tls/key.pem")
+    assert (key.user, key.group, key.mode) == ("root", "inference-front", 0o640)
+    names = host.check_output(f"openssl x509 -noout -ext subjectAltName -in /etc/{UNIT}-front/tls/cert.pem")
+    assert f"DNS:{host.backend.get_hostname()}" in names and "IP Address:127.0.0.1" in names, names
     assert re.findall(r"^\s*server (\S+);$", conf, re.M) == ["127.0.0.1:30001"]
     assert "location = /get_server_info {\n            return 403;" in conf
     assert host.run(f"nginx -t -q -e stderr -c /etc/{UNIT}-front/nginx.conf -p /tmp/").rc == 0

@@ -65,7 +65,10 @@ class FakeLLMServer(BackgroundServer):
     ``ttft``, ``gap``, ``done`` (send [DONE]), ``status``/``body`` for http_error,
     ``stall_after`` chunks for stall, ``eos_after`` chunks (a random model's early EOS: the stream
     stops there with finish_reason ``stop`` unless the request asks for a fixed length, as SGLang's
-    ``ignore_eos`` or transformers serve's ``generation_config`` ``min_new_tokens`` do).
+    ``ignore_eos`` or transformers serve's ``generation_config`` ``min_new_tokens`` do),
+    ``silent_tokens`` and ``silent_s`` (tokens generated after the last content chunk that carry no text,
+    as a small trained model's tokens past its answer under ``ignore_eos``: counted in usage, the finish
+    chunk ``silent_s`` later).
     """
 
     def __init__(self, port: int = 0, **scenario: Any) -> None:
@@ -169,7 +172,9 @@ class FakeLLMServer(BackgroundServer):
                         self._write_chunk(chunk({"error": {"message": "scheduler died", "code": 500}}))
                         break
                     self._write_chunk(chunk(content_chunk("tok " * per)))
-                total = n * per
+                total = n * per + int(c.get("silent_tokens", 0))
+                if c.get("silent_s") and server.stop_event.wait(c["silent_s"]):
+                    return
                 usage = {"prompt_tokens": 17, "completion_tokens": total, "total_tokens": 17 + total}
                 self._write_chunk(chunk(content_chunk("", finish=finish)))
                 if mode != "no_usage":

@@ -396,14 +396,15 @@ def test_the_bundle_keeps_the_kernels_the_targets_gpus_load() -> None:
 
 
 def test_a_bundle_packed_for_other_gpus_is_packed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A packed bundle is reused only when it left out exactly what this target's GPUs allow."""
+    """A packed bundle is reused only when it left out exactly what this target's GPUs allow (besides what every
+    pack leaves out: its manifest lists those too, which once made every pack look stale and built again)."""
     pack = tmp_path / "pack"
     pack.mkdir()
     hopper = ga.common.strips_for(["NVIDIA H200"])
     manifest = {
         "lock_sha256": ga.prepare.bundle.sha256_file(LOCK),
         "packages": ga.prepare.current_selection(LOCK),
-        "stripped_bytes": {pattern: 1 for pattern in hopper},
+        "stripped_bytes": {pattern: 1 for pattern in [*ga.prepare.bundle.ALWAYS_STRIPPED, *hopper]},
         "parts": [{"name": "site.tar.xz", "bytes": 1}],
         "bytes": 1,
     }
@@ -517,6 +518,28 @@ def test_ratio_pairs_the_gate_and_bench_of_the_same_server() -> None:
     assert summary["gate_tps"] == 115.5 and summary["bench_serving_tps"] == 115.3
     state["gate"]["warm"]["passed"] = False
     assert ga.report.summarize(state, None)["gate_passed"] is False
+
+
+def test_the_report_keeps_each_gates_eval_and_says_what_the_model_is() -> None:
+    """A carried (trained) model's eval is the headline's and each gate's; the notes name the model and the plan's
+    own --mem-fraction-static; random weights are said to be random; the GPUs are those check recorded."""
+    correctness = {"eval": {"correct": 283, "count": 300, "score": 0.9433, "items": []}, "golden": {"a": {}, "b": {}},
+                   "consistency": [{}, {}, {}]}  # fmt: skip
+    state = {
+        "check": {"gpus": ["NVIDIA H100 80GB HBM3, 580.159.04, 81559 MiB"]},
+        "gate": {"cold": {"passed": True, "report": {"correctness": correctness}}, "warm": {"passed": True}},
+    }
+    argv = ["/v/bin/sglang", "serve", "--mem-fraction-static", "0.45"]
+    carried = ga.report.summarize(state, {"plan": {"argv": argv}, "model": {"carried": True}})
+    assert carried["eval_score"] == 0.9433
+    assert carried["gate"]["cold"]["correctness"] == {
+        "eval": {"correct": 283, "count": 300, "score": 0.9433}, "golden_prompts": 2, "consistency_prompts": 3,
+    }  # fmt: skip
+    assert carried["gate"]["warm"]["correctness"] == {}
+    assert carried["notes"][0].startswith("The model was carried") and "0.45 is the tiny-model" in carried["notes"][1]
+    assert carried["device"]["gpus"] == state["check"]["gpus"]
+    generated = ga.report.summarize(state, {"plan": {"argv": argv[:2]}, "model": {"carried": False}})
+    assert generated["notes"][0].startswith("The weights are random") and "sets no --mem" in generated["notes"][1]
 
 
 @pytest.mark.parametrize(

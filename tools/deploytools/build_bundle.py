@@ -376,12 +376,17 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
+# What every packed site tree leaves out besides the caller's patterns: console scripts (written again
+# on the target) and bytecode.
+ALWAYS_STRIPPED = ["bin", "**/__pycache__"]
+
+
 def strip_site(site: Path, patterns: Iterable[str]) -> dict[str, int]:
     """Delete console scripts, ``__pycache__`` and every path matching ``patterns`` (globs
     relative to ``site``); return the bytes removed per pattern. A pattern that matches
     nothing is reported with 0 so a stale pattern is noticed."""
     removed: dict[str, int] = {}
-    for pattern in ["bin", "**/__pycache__", *patterns]:
+    for pattern in [*ALWAYS_STRIPPED, *patterns]:
         total = 0
         for path in sorted(site.glob(pattern), key=lambda p: len(p.parts), reverse=True):
             if not path.exists():

@@ -161,7 +161,7 @@ class AcceptanceError(Exception):
 
 # The figures of a run that gpu_acceptance.md tables and collect prints.
 HEADLINE_KEYS = (
-    "launched ready_s gate_passed gate_tps accept_length sglang_version tp_size speculative_algorithm "
+    "launched ready_s gate_passed gate_tps eval_score accept_length sglang_version tp_size speculative_algorithm "
     "mamba_scheduler_strategy bench_serving_tps tps_ratio cold_ready_s warm_ready_s"
 ).split()
 # The run on the GPU host after the folders are received (``run`` and run.md): fail fast,

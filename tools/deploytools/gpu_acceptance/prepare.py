@@ -143,7 +143,7 @@ def ensure_bundle(
         fresh = (
             packed.get("lock_sha256") == bundle.sha256_file(lock)
             and packed.get("packages") == current_selection(lock)
-            and set(packed.get("stripped_bytes", {})) == set(strips)
+            and set(packed.get("stripped_bytes", {})) == {*bundle.ALWAYS_STRIPPED, *strips}
             and (not part_size or all(p["bytes"] <= bundle.parse_size(part_size) for p in packed["parts"]))
         )
         if fresh and all((pack_dir / p["name"]).is_file() for p in packed["parts"]):
@@ -212,6 +212,8 @@ def ensure_model(out: Path, model_python: str, rebuild: bool, source: Path | Non
         "bytes": archive.stat().st_size,
         "sha256": bundle.sha256_file(archive),
         "weights_bytes": weights,
+        # A model the operator carried (e.g. trained with make-tiny-model --train), or random weights made here.
+        "carried": source is not None,
         "config": json.loads((model_dir / "config.json").read_text()),
     }
 

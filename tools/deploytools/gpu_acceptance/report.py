@@ -62,6 +62,7 @@ def summarize(state: dict[str, Any], manifest: dict[str, Any] | None) -> dict[st
     headline = next((pairs[n] | {"server": n} for n in ("warm", "cold") if n in pairs and pairs[n]["ratio"]), {})
     bench = benches.get(headline.get("server"), {})
     plan_argv = (manifest or {}).get("plan", {}).get("argv", [])
+    answers = {name: correctness_summary(g) for name, g in gates.items()}
     return {
         "launched": cold.get("ready_s") is not None,
         "ready_s": cold.get("ready_s"),
@@ -71,6 +72,8 @@ def summarize(state: dict[str, Any], manifest: dict[str, Any] | None) -> dict[st
         else all(g["passed"] for g in gates.values()),
         "gate_source": gate.get("source"),
         "gate_tps": headline.get("gate_tps"),
+        # The share of the probe set's eval questions the first gated server answered right (None: no eval ran).
+        "eval_score": next((a["eval"]["score"] for a in answers.values() if a.get("eval")), None),
         "accept_length": accept,
         "sglang_version": info.get("version") or imports.get("sglang"),
         "tp_size": info.get("tp_size"),
@@ -90,6 +93,7 @@ def summarize(state: dict[str, Any], manifest: dict[str, Any] | None) -> dict[st
         "generate_probe": probe_.get("generate"),
         "gate": {
             name: {k: v for k, v in g.items() if k not in ("probe", "probe_before", "report")}
+            | {"correctness": answers[name]}
             for name, g in gates.items()
         },
         "bench_serving": benches,
@@ -100,15 +104,42 @@ def summarize(state: dict[str, Any], manifest: dict[str, Any] | None) -> dict[st
         "device_env_added": cold.get("device_env_added"),
         "jit_caches_after_cold": state.get("jit_caches_after_cold"),
         "stop_cold": cold.get("stop"),
-        "device": device_info(),
-        "notes": [
-            "The MTP weights are random, so the accept length is about 1.0 (every verify step keeps one "
-            "token); it is reported, not tuned.",
-            "--mem-fraction-static 0.5 is the tiny-model allowance (docs/gpu.md: the draft's KV pool); every "
-            "other flag and variable is the plan's.",
-            "speculative_algorithm is what SGLang reports: NEXTN is rewritten to EAGLE internally.",
-        ],
+        # The GPUs as check found them on the GPU host (a report rendered again elsewhere keeps them).
+        "device": {**device_info(), **{k: v for k, v in state.get("check", {}).items() if k in ("gpus", "python")}},
+        "notes": notes(manifest, plan_argv),
     }
+
+
+def correctness_summary(gate: dict[str, Any]) -> dict[str, Any]:
+    """What a gate's correctness probe found, in short: the eval's count, the golden and consistency prompts."""
+    found = (gate.get("report") or {}).get("correctness") or {}
+    if not found:
+        return {}
+    return {
+        "eval": {k: found["eval"][k] for k in ("correct", "count", "score") if k in found["eval"]}
+        if found.get("eval")
+        else None,
+        "golden_prompts": len(found.get("golden") or {}),
+        "consistency_prompts": len(found.get("consistency") or []),
+    }
+
+
+def notes(manifest: dict[str, Any] | None, plan_argv: list[str]) -> list[str]:
+    """The report's notes: what the model is (trained and carried, or random weights) and the plan's one allowance."""
+    carried = ((manifest or {}).get("model") or {}).get("carried")
+    fraction = flag_value(plan_argv, "--mem-fraction-static")
+    return [
+        "The model was carried (prepare --model: e.g. the acceptance model trained with make-tiny-model --train), "
+        "so the eval and the MTP head's drafts are its own; the accept length is SGLang's lifetime average."
+        if carried
+        else "The weights are random (make-tiny-model), so the eval scores about 0 and the accept length is "
+        "about 1.0 (every verify step keeps one token); both are reported, not tuned.",
+        f"--mem-fraction-static {fraction} is the tiny-model allowance (docs/gpu.md: the draft's KV pool); every "
+        "other flag and variable is the plan's."
+        if fraction
+        else "The plan sets no --mem-fraction-static; every flag and variable is the plan's.",
+        "speculative_algorithm is what SGLang reports: NEXTN is rewritten to EAGLE internally.",
+    ]
 
 
 def gpus_title(device: dict[str, Any]) -> str:

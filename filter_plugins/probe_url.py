@@ -16,6 +16,8 @@ from deploytools.probe_url import (
     front_url,
     fronted,
     is_loopback,
+    is_wildcard,
+    local_api,
     probe_url,
 )
 
@@ -31,7 +33,9 @@ class FilterModule:
             "front_url": front_url,
             "front_scheme": front_scheme,
             "is_loopback": is_loopback,
+            "is_wildcard": is_wildcard,
             "engine_bind": engine_bind,
             "engine_port": engine_port,
             "engine_url": engine_url,
+            "local_api": local_api,
         }

@@ -6,14 +6,17 @@ the role's launcher with its key in the environment, in front of the real rehear
 (``transformers serve`` of ``make tools-venv`` on the tiny model of ``make model``). They
 prove that smg registers ``transformers serve`` (runtime ``generic``, model id and alias
 given), routes the alias to it, stops routing to a removed worker while its streams run to
-their end, and that the drain wait sees those streams through their connections.
+their end, and that the drain wait sees those streams through their connections; with TLS
+(``gateway_tls``), that the worker module verifies the gateway before it sends the key.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -25,6 +28,7 @@ from types import SimpleNamespace
 import pytest
 from ansible_collections.llm_deploy.inference.plugins.module_utils import smg_api
 from role_files import import_file
+from tls_certs import CA
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "gateway"
@@ -127,13 +131,13 @@ needs_programs = pytest.mark.skipif(
 )
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    """Wait until ``url`` answers 200 while ``proc`` lives."""
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen, context: ssl.SSLContext | None = None) -> None:
+    """Wait until ``url`` answers 200 while ``proc`` lives (over TLS verified by ``context``, when given)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, f"{proc.args[:2]} exited with {proc.returncode}"
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 if response.status == 200:
                     return
         except OSError:
@@ -162,49 +166,51 @@ def engine(tmp_path_factory) -> Iterator[str]:
         proc.wait(30)
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory) -> Iterator[SimpleNamespace]:
-    """smg 1.13.0 started through the role's launcher, its key only in the environment."""
+def start_gateway(state: Path, *args: str, context: ssl.SSLContext | None = None) -> Iterator[SimpleNamespace]:
+    """smg 1.13.0 started through the role's launcher with ``args``, its key only in the environment;
+    over https (``--tls-cert-path``) when ``context`` is given, which verifies it."""
     port, metrics = free_port(), free_port()
-    state = tmp_path_factory.mktemp("gw")
     key_file = state / "control-plane.env"
     key_file.write_text(f"SMG_CONTROL_PLANE_API_KEY={KEY}\n")
     log = state / "smg.log"
     env = dict(os.environ, SMG_CONTROL_PLANE_API_KEY=KEY)
+    launch = [str(SMG_PYTHON), str(ROLE / "files" / "smg-launch.py"), "--host", "127.0.0.1", "--port", str(port)]
+    launch += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), "--policy", "round_robin"]
+    launch += ["--health-check-interval-secs", "5", *args]
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                str(SMG_PYTHON),
-                str(ROLE / "files" / "smg-launch.py"),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                str(metrics),
-                "--policy",
-                "round_robin",
-                "--health-check-interval-secs",
-                "5",
-            ],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        proc = subprocess.Popen(launch, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"{'https' if context else 'http'}://127.0.0.1:{port}"
     try:
-        wait_http(f"http://127.0.0.1:{port}/liveness", 60, proc)
-        yield SimpleNamespace(url=f"http://127.0.0.1:{port}", key_file=str(key_file), log=log, proc=proc)
+        wait_http(f"{url}/liveness", 60, proc, context)
+        yield SimpleNamespace(url=url, key_file=str(key_file), log=log, proc=proc)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """smg on 127.0.0.1 over plain HTTP (a loopback gateway_host)."""
+    yield from start_gateway(tmp_path_factory.mktemp("gw"))
+
+
+@pytest.fixture(scope="module")
+def tls_gateway(tmp_path_factory) -> Iterator[SimpleNamespace]:
+    """smg with TLS as the role starts it on a network gateway_host (--tls-cert-path, --tls-key-path), its
+    certificate for 127.0.0.1 from a test CA (``ca``: that CA's PEM file)."""
+    state = tmp_path_factory.mktemp("gw-tls")
+    files = CA("gateway test CA").issue("127.0.0.1", "localhost").write(state / "tls")
+    context = ssl.create_default_context(cafile=str(files["ca"]))
+    tls = ["--tls-cert-path", str(files["cert"]), "--tls-key-path", str(files["key"])]
+    for gateway in start_gateway(state, *tls, context=context):
+        yield SimpleNamespace(**vars(gateway), ca=str(files["ca"]))
 
 
 def module_params(gateway: SimpleNamespace, url: str, **kw) -> SimpleNamespace:
     """A stand-in for AnsibleModule carrying smg_worker's parameters."""
     params = {
         "gateway_url": gateway.url,
+        "ca_file": "",
         "key_file": gateway.key_file,
         "url": url,
         "state": "present",
@@ -252,6 +258,23 @@ def test_control_plane_refuses_a_caller_without_the_key(gateway):
     assert refused.value.code == 401
     with pytest.raises(smg_api.GatewayError, match="refused the control-plane key"):
         smg_api.Gateway(gateway.url, "wrong-key").workers()
+
+
+@needs_programs
+def test_the_worker_module_reaches_a_tls_gateway_only_through_its_ca(tls_gateway, engine):
+    """smg serves TLS with the role's flags; the module verifies it with the CA file (ca_file) and registers
+    a worker; a gateway whose certificate another CA signed, or the system's CAs, never get the key."""
+    result = smg_worker.run(module_params(tls_gateway, engine, ca_file=tls_gateway.ca))
+    assert result["changed"] and smg_api.routable(result["worker"])
+    other = tls_gateway.log.parent / "other-ca.pem"
+    other.write_text(CA("another CA").pem)
+    for ca_file in (str(other), ""):
+        with pytest.raises(smg_api.GatewayError, match="CERTIFICATE_VERIFY_FAILED"):
+            smg_api.Gateway(tls_gateway.url, KEY, ca_file=ca_file).workers()
+    # Plain HTTP on the TLS port gets no HTTP answer from smg (a TLS alert).
+    with pytest.raises((OSError, http.client.HTTPException)):
+        urllib.request.urlopen(tls_gateway.url.replace("https:", "http:") + "/liveness", timeout=5)
+    assert KEY not in tls_gateway.log.read_text()
 
 
 @needs_programs

@@ -453,7 +453,7 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
         ),
         "probe_url": (
             "['engine_bind', 'engine_port', 'engine_url', 'front_scheme', 'front_url', 'fronted', 'is_loopback', "
-            "'probe_url']"
+            "'is_wildcard', 'local_api', 'probe_url']"
         ),
         "model_layout": "['model_current_link', 'model_serving_path']",
         "tls": "['tls_expires_within', 'tls_problem']",

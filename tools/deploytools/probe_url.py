@@ -20,19 +20,28 @@ from ansible.module_utils.parsing.convert_bool import boolean
 WILDCARD_LOOPBACK = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
+def bind_address(bind: Any) -> str:
+    """``bind`` without brackets, an IP address in its normal form ('' for none).
+
+    >>> bind_address("[fd00:0::5]"), bind_address(" 0.0.0.0 "), bind_address("gpu1"), bind_address(None)
+    ('fd00::5', '0.0.0.0', 'gpu1', '')
+    """
+    host = str(bind or "").strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host
+
+
 def probe_host(bind: Any) -> str:
     """The address (or name) the host reaches a server bound to ``bind`` at, without brackets.
 
     >>> probe_host("0.0.0.0"), probe_host("::"), probe_host("10.0.4.17"), probe_host("[fd00::5]")
     ('127.0.0.1', '::1', '10.0.4.17', 'fd00::5')
     """
-    host = str(bind or "").strip()
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        host = str(ipaddress.ip_address(host))
-    except ValueError:
-        pass
+    host = bind_address(bind)
     return WILDCARD_LOOPBACK.get(host, host)
 
 
@@ -44,6 +53,15 @@ def probe_url(bind: Any, port: Any, scheme: str = "http") -> str:
     """
     host = probe_host(bind)
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{int(port)}"
+
+
+def is_wildcard(bind: Any) -> bool:
+    """Whether ``bind`` listens on every address of its family (``0.0.0.0``, ``::``, or '' for the default).
+
+    >>> is_wildcard("0.0.0.0"), is_wildcard("[::]"), is_wildcard(""), is_wildcard("10.0.4.17"), is_wildcard("::1")
+    (True, True, True, False, False)
+    """
+    return bind_address(bind) in WILDCARD_LOOPBACK
 
 
 def is_loopback(bind: Any) -> bool:
@@ -113,3 +131,16 @@ def engine_url(bind: Any, port: Any, front: Any = True, behind_port: Any = None)
     ('http://127.0.0.1:30001', 'http://127.0.0.1:30000', 'http://[::1]:9000')
     """
     return probe_url(engine_bind(bind, front), engine_port(port, bind, front, behind_port))
+
+
+def local_api(bind: Any, port: Any, tls: Any = True, tls_dir: str = "") -> dict[str, str]:
+    """Where a service with TLS of its own on a network bind (the gateway: ``gateway_tls``) answers on its
+    own host, and the CA file that verifies it there ('' over plain HTTP, on a loopback bind or without TLS).
+
+    >>> local_api("0.0.0.0", 30000, True, "/etc/smg-gateway-tls")
+    {'url': 'https://127.0.0.1:30000', 'ca_file': '/etc/smg-gateway-tls/ca.pem'}
+    >>> local_api("127.0.0.1", 30000, True, "/etc/smg-gateway-tls")
+    {'url': 'http://127.0.0.1:30000', 'ca_file': ''}
+    """
+    scheme = front_scheme(bind, True, tls)
+    return {"url": probe_url(bind, port, scheme), "ca_file": f"{tls_dir}/ca.pem" if scheme == "https" else ""}

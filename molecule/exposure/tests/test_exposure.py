@@ -6,7 +6,8 @@ exposure-allowed). exposure-outside is in no list; exposure-worker is the gatewa
 The clients are plain containers on the scenario's network; their requests run there with
 ``docker exec`` (curl). The 200 with the key is smg's own POST /v1/conversations: the worker
 serves nothing, and the check is the key, not a model (a chat completion without the key gets
-the same 401).
+the same 401). The API is TLS (gateway_tls): the clients verify it with the CA the gateway role
+wrote beside its certificate, copied into them (as an operator hands clients the deploy's CA).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ UNIT = "smg-gateway"
 GW = "exposure-gw"
 KEY = "exposure-client-key-not-a-secret-0001"  # converge.yml's gateway_api_key
 CONTROL_KEY = "exposure-control-plane-key-0001"  # converge.yml's gateway_control_plane_api_key
-API = f"http://{GW}:30000"
+API = f"https://{GW}:30000"
+TLS = f"/etc/{UNIT}-tls"
+CLIENT_CA = "/tmp/gateway-ca.pem"  # the gateway's CA in each client container (fixture clients_trust_the_ca)
 METRICS = f"http://{GW}:29000/metrics"
 # systemd-analyze security's overall exposure of the gateway's unit (0 best, 10 worst; 1.0-4.9 is "OK") must
 # stay at or below this. Measured 1.2 (systemd 252, Debian 12 container, 2026-12-02); before the sandbox of
@@ -37,7 +40,10 @@ CHAT = {"model": "tiny-qwen3.5", "max_tokens": 4, "messages": [{"role": "user", 
 def curl(container: str, url: str, *args: str) -> tuple[int, str]:
     """curl's exit status and the HTTP status it got (000 without an answer) from ``container``."""
     proc = subprocess.run(
-        ["docker", "exec", container, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+        ["docker", "exec", container, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert", CLIENT_CA,
+         # HTTP/1.1 as OpenAI's clients (httpx) speak it: over HTTP/2, smg 1.13.0 resets the stream of a POST it
+         # refuses before reading its body (curl exit 92 instead of the 401).
+         "--http1.1",
          "--connect-timeout", "3", "--max-time", "10", *args, url],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
@@ -48,6 +54,15 @@ def post(container: str, url: str, body: dict, key: str | None = None) -> tuple[
     """A JSON POST from ``container``, with the key as a Bearer token when given."""
     auth = ["-H", f"Authorization: Bearer {key}"] if key else []
     return curl(container, url, "-X", "POST", "-H", "Content-Type: application/json", "-d", json.dumps(body), *auth)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def clients_trust_the_ca(tmp_path_factory) -> None:
+    """The gateway's CA (public) in each client container, at CLIENT_CA."""
+    local = tmp_path_factory.mktemp("ca") / "ca.pem"
+    subprocess.run(["docker", "cp", f"{GW}:{TLS}/ca.pem", str(local)], check=True)
+    for name in ("exposure-allowed", "exposure-outside"):
+        subprocess.run(["docker", "cp", str(local), f"{name}:{CLIENT_CA}"], check=True)
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +112,24 @@ def test_an_allowed_source_with_the_key_gets_200(host):
     assert curl("exposure-allowed", f"{API}/workers", "-H", f"Authorization: Bearer {CONTROL_KEY}") == (0, "200")
     # smg's /metrics takes no key: the allow-list is what keeps it from everyone else.
     assert curl("exposure-allowed", METRICS) == (0, "200")
+
+
+def test_the_api_is_tls_that_clients_verify_and_plain_http_gets_no_answer(host):
+    """The key crosses the network encrypted: the gateway's certificate names it and the clients verify it with
+    its CA; the system's CAs refuse it (curl 60) and plain HTTP on the port gets no HTTP answer (000)."""
+    assert post("exposure-allowed", f"{API}/v1/conversations", {}, KEY) == (0, "200")
+    no_ca = subprocess.run(
+        ["docker", "exec", "exposure-allowed", "curl", "-sS", "-o", "/dev/null", "--max-time", "10", f"{API}/liveness"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert no_ca.returncode == 60, no_ca.stderr
+    rc, status = curl("exposure-allowed", f"http://{GW}:30000/liveness")
+    assert rc != 0 and status == "000"
+    names = host.check_output(f"openssl x509 -noout -ext subjectAltName -in {TLS}/cert.pem")
+    assert f"DNS:{GW}" in names and "IP Address:127.0.0.1" in names, names
+    key = host.file(f"{TLS}/key.pem")
+    assert (key.user, key.group, key.mode) == ("root", "smg", 0o640)
+    assert host.file(TLS).mode == 0o750
 
 
 def test_the_api_key_is_only_in_the_root_only_file(host):

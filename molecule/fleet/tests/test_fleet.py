@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 
 # molecule/shared: the helpers of the scenarios' verifiers (verify_steps.py), and the writer of the
@@ -249,8 +250,36 @@ def test_the_gateway_runs_with_its_key_in_a_root_only_file_and_nowhere_else(host
     assert KEY not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
     assert host.check_output(f"stat -c %U /proc/{pid}") == "smg"
     assert KEY not in host.run("journalctl -u smg-gateway --no-pager").stdout
-    # Without the key the control plane refuses; the serving path answers.
-    assert host.run("python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:30000/workers')\"").rc != 0
+    # Without the key the control plane refuses (401, over the gateway's TLS, verified with its CA).
+    probe = (
+        "import ssl, urllib.error as e, urllib.request as u\n"
+        "ca = ssl.create_default_context(cafile='/etc/smg-gateway-tls/ca.pem')\n"
+        "try:\n    u.urlopen('https://127.0.0.1:30000/workers', context=ca)\n"
+        "except e.HTTPError as refused:\n    print(refused.code)\n"
+    )
+    assert host.check_output(f"python3 -c {shlex.quote(probe)}") == "401"
+
+
+def test_the_gateway_serves_tls_that_clients_verify_and_no_plain_http(host):
+    """gateway_tls on a network gateway_host: smg serves its API over TLS with a certificate the deploy's CA
+    issued for the gateway's name and loopback; the key is the gateway's account's alone; plain HTTP gets no
+    HTTP answer; a client with the system's CAs refuses it (the fleet's clients verify it: side_effect.yml)."""
+    if host.backend.get_hostname() != GATEWAY:
+        return
+    tls = "/etc/smg-gateway-tls"
+    key = host.file(f"{tls}/key.pem")
+    assert (key.user, key.group, key.mode) == ("root", "smg", 0o640)
+    names = host.check_output(f"openssl x509 -noout -ext subjectAltName -in {tls}/cert.pem")
+    assert f"DNS:{GATEWAY}" in names and "IP Address:127.0.0.1" in names, names
+    unit = host.file("/etc/systemd/system/smg-gateway.service").content_string
+    assert f"--tls-cert-path {tls}/cert.pem" in unit and f"--tls-key-path {tls}/key.pem" in unit
+    curl = "curl -s -o /dev/null -w %{http_code} --max-time 10"
+    # By its name, through loopback (the unit's IP allow-list lets the gateway's own network address no more
+    # than any other host outside it): the certificate verifies for the name.
+    by_name = f"--resolve {GATEWAY}:30000:127.0.0.1 https://{GATEWAY}:30000/liveness"
+    assert host.check_output(f"{curl} --cacert {tls}/ca.pem {by_name}") == "200"
+    assert host.run(f"{curl} https://127.0.0.1:30000/liveness").rc == 60  # the system's CAs: not verified
+    assert host.run(f"{curl} http://127.0.0.1:30000/liveness").stdout.strip() != "200"
 
 
 # --------------------------------------------------------------------------------------

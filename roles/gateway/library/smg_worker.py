@@ -28,6 +28,12 @@ options:
     description: Base URL of the gateway's API, as seen from the host the module runs on.
     type: str
     required: true
+  ca_file:
+    description:
+      - The CA file that verifies the certificate of an C(https) I(gateway_url) (the gateway's
+        C(/etc/<unit>-tls/ca.pem)); empty uses the system's CAs. The key is sent only once it verified.
+    type: path
+    default: ""
   key_file:
     description: Environment file holding C(SMG_CONTROL_PLANE_API_KEY=...) (the gateway unit's EnvironmentFile).
     type: path
@@ -73,9 +79,10 @@ EXAMPLES = r"""
     state: absent
   delegate_to: gw1
 
-- name: Put it back and wait until the gateway routes to it
+- name: Put it back and wait until the gateway (with TLS) routes to it
   smg_worker:
-    gateway_url: http://127.0.0.1:30000
+    gateway_url: https://127.0.0.1:30000
+    ca_file: /etc/smg-gateway-tls/ca.pem
     key_file: /etc/smg-gateway/control-plane.env
     url: http://ct129:30000
     runtime_type: sglang
@@ -114,7 +121,7 @@ from ansible_collections.llm_deploy.inference.plugins.module_utils.smg_api impor
 def run(module: AnsibleModule) -> dict:
     """Bring the worker to the requested state and return the module's result."""
     p = module.params
-    gateway = Gateway(p["gateway_url"], read_key(p["key_file"]))
+    gateway = Gateway(p["gateway_url"], read_key(p["key_file"]), ca_file=p["ca_file"])
     url = p["url"].rstrip("/")
     current = gateway.find(url)
     result: dict = {
@@ -183,6 +190,7 @@ def main() -> None:
     module = AnsibleModule(
         argument_spec={
             "gateway_url": {"type": "str", "required": True},
+            "ca_file": {"type": "path", "default": ""},
             "key_file": {"type": "path", "required": True},
             "url": {"type": "str", "required": True},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},

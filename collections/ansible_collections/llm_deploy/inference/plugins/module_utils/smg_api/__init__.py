@@ -13,6 +13,7 @@ travels as a module argument and never appears in a result.
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -42,10 +43,13 @@ def read_key(path: str) -> str:
 class Gateway:
     """The worker API of one smg gateway."""
 
-    def __init__(self, url: str, key: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, key: str, timeout_s: float = 10.0, ca_file: str = "") -> None:
+        """``ca_file``: the CA that verifies an https gateway's certificate ('' for the system's CAs)."""
         self.url = url.rstrip("/")
         self._key = key
         self.timeout_s = timeout_s
+        # The key goes only to a gateway whose certificate the CA verifies for the URL's host.
+        self._tls = ssl.create_default_context(cafile=ca_file or None) if self.url.startswith("https://") else None
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
         """One request; returns (HTTP status, parsed JSON or text). Never raises on HTTP errors."""
@@ -55,7 +59,7 @@ class Gateway:
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+            with urllib.request.urlopen(request, timeout=self.timeout_s, context=self._tls) as response:  # noqa: S310
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()

@@ -3,11 +3,13 @@
 On 127.0.0.1: ``transformers serve`` of the tiny rehearsal model (``make tools-venv model``) as
 the worker of smg 1.13.0 (``make gateway-venv``, started through roles/gateway's launcher),
 Debian's node_exporter 1.5 reading a textfile directory where the real filter wrote a gate
-report and a rollback, and Debian's Prometheus 2.42 (both from tools/fetch-prometheus) with
-roles/monitoring's rules, scraping both every second. The worker is stopped: the measured time
-until LLMGatewayWorkerUnhealthy is pending, then firing, is printed; it is started again: the
-time until it resolves. The rules are the role's own, with that alert's ``for:`` shortened from
-2m to 5s so the test takes seconds (the expression is untouched). About 40-60 s.
+report and a rollback, serving TLS as roles/monitoring configures it (``--web.config.file``, a test
+CA's certificate), and Debian's Prometheus 2.42 (both from tools/fetch-prometheus) with
+roles/monitoring's rules, scraping both every second, node_exporter over verified TLS. The
+worker is stopped: the measured time until LLMGatewayWorkerUnhealthy is pending, then firing,
+is printed; it is started again: the time until it resolves. The rules are the role's own, with
+that alert's ``for:`` shortened from 2m to 5s so the test takes seconds (the expression is
+untouched). About 40-60 s.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import yaml
 from ansible_collections.llm_deploy.inference.plugins.module_utils import smg_api
 from monitoring_support import CACHE, REPO, RULES
 from role_files import import_file
+from tls_certs import CA
 
 GATEWAY_ROLE = REPO / "roles" / "gateway"
 
@@ -113,6 +116,10 @@ def stack(tmp_path_factory) -> Iterator[SimpleNamespace]:
     textfiles = tmp / "textfile"
     textfiles.mkdir()
     write_textfiles(textfiles)
+    # node_exporter's TLS as the role writes it: a certificate for the host's name, its web configuration.
+    tls = CA("monitoring test CA").issue("sim", "127.0.0.1").write(tmp / "tls")
+    web = {"tls_server_config": {"cert_file": str(tls["cert"]), "key_file": str(tls["key"]), "min_version": "TLS12"}}
+    (tmp / "web.yml").write_text(yaml.safe_dump(web))
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
@@ -130,6 +137,8 @@ def stack(tmp_path_factory) -> Iterator[SimpleNamespace]:
             {
                 "job_name": "node-sim",
                 "honor_labels": True,
+                "scheme": "https",
+                "tls_config": {"ca_file": str(tls["ca"]), "server_name": "sim"},
                 "static_configs": [{"targets": [f"127.0.0.1:{node}"], "labels": {"job": "node", "host": "sim"}}],
             },
         ],
@@ -143,6 +152,7 @@ def stack(tmp_path_factory) -> Iterator[SimpleNamespace]:
         smg_env = dict(os.environ, SMG_CONTROL_PLANE_API_KEY=KEY)
         procs.append(subprocess.Popen(smg_argv, env=smg_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         node_argv = [binary("prometheus-node-exporter"), f"--web.listen-address=127.0.0.1:{node}"]
+        node_argv += [f"--web.config.file={tmp / 'web.yml'}"]
         node_argv += [
             "--collector.disable-defaults",
             "--collector.textfile",
@@ -160,7 +170,7 @@ def stack(tmp_path_factory) -> Iterator[SimpleNamespace]:
         smg_api.Gateway(f"http://127.0.0.1:{gw}", KEY).add(
             smg_api.worker_spec(f"http://127.0.0.1:{ns.engine_port}", "generic", str(MODEL), ["tiny-qwen3.5"])
         )
-        ns.prom = f"http://127.0.0.1:{prom}"
+        ns.prom, ns.node = f"http://127.0.0.1:{prom}", node
         wait_until("Prometheus ready", lambda: http_ok(ns.prom + "/-/ready"), 60)
         yield ns
     finally:
@@ -194,6 +204,15 @@ def test_gate_and_rollback_series_arrive_through_node_exporter(stack):
         "LLMRollback firing", lambda: query(stack.prom, 'ALERTS{alertname="LLMRollback",alertstate="firing"}'), 30
     )
     assert firing[0]["metric"]["host"] == "sim"
+
+
+@needs_programs
+def test_node_exporter_answers_tls_only(stack):
+    """The node target is up over TLS that Prometheus verified for the host's name; plain HTTP gets no metrics."""
+    up = wait_until("the node target up", lambda: query(stack.prom, 'up{job="node"} == 1'), 30)
+    assert up[0]["metric"]["host"] == "sim"
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{stack.node}/metrics", timeout=5).read()
 
 
 @needs_programs

@@ -112,10 +112,20 @@ def test_scrape_config_has_every_target_and_passes_promtool(tmp_path):
     assert jobs["sglang-gpu-a01"]["scheme"] == "https"
     tls = {"ca_file": str(tmp_path / "servers-ca.pem"), "server_name": "gpu-a01"}
     assert jobs["sglang-gpu-a01"]["tls_config"] == tls
+    # node_exporter with TLS (monitoring_node_exporter_tls): verified with the CA, for each host's inventory name.
+    for host in ("gpu-a01", "sim-a01"):
+        assert (jobs[f"node-{host}"]["scheme"], jobs[f"node-{host}"]["tls_config"]["server_name"]) == ("https", host)
     check = subprocess.run(
         [promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_node_exporter_without_tls_is_scraped_over_plain_http(tmp_path):
+    proc = run_role(tmp_path, {"monitoring_node_exporter_tls": False})
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    jobs = {job["job_name"]: job for job in yaml.safe_load((tmp_path / "prometheus.yml").read_text())["scrape_configs"]}
+    assert "scheme" not in jobs["node-gpu-a01"] and "tls_config" not in jobs["node-sim-a01"]
 
 
 def test_api_key_goes_to_a_credentials_file_never_into_the_config_or_the_log(tmp_path):

@@ -149,6 +149,18 @@ def test_each_kind_of_drift_is_named_and_runs_its_role_and_those_after_it(host, 
     assert reasons[1:] == ([] if owner == "server" else [f"server runs after {owner}."])
 
 
+def test_a_directory_on_the_way_replaced_by_a_link_is_drift_the_roles_then_refuse(host):
+    """The service account can replace a directory of its own by a link to a file: the paths under it
+    are gone (the roles then run and refuse the link by name), not an error of the check (molecule/attacker
+    found it failing with "[Errno 20] Not a directory")."""
+    params = recorded(host["params"])
+    (host["root"] / "etc").rename(host["root"] / "etc.aside")
+    (host["root"] / "etc").symlink_to(host["root"] / "model/config.json")
+    skipped, running, reasons = compare(params)
+    assert running == ["server"] and skipped == ["ml", "model"]
+    assert any(reason.endswith("etc/unit.service is gone.") for reason in reasons), reasons
+
+
 def test_changed_inputs_name_their_part_and_run_their_role_a_missing_record_runs_all(host):
     params = recorded(host["params"])
     fp = params["fingerprint"]

@@ -175,10 +175,12 @@ GOOD_SUFFIX = ".good"
 
 
 def path_state(path: str) -> dict:
-    """What a managed path is now: absent, a link (target), a directory or a file (sha256)."""
+    """What a managed path is now: absent, a link (target), a directory or a file (sha256). A path under
+    a directory that became a link to a file (the service account can do that in its own directories)
+    is absent: the host is not as recorded, and the roles that run then refuse the link by name."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return {"absent": True}
     meta = {"mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid}
     if stat.S_ISLNK(st.st_mode):

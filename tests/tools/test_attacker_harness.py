@@ -48,13 +48,18 @@ def tree() -> Iterator[Path]:
 
 def test_the_writable_paths_come_from_the_modes_and_the_sticky_bit(tree):
     nobody = attacker.Account("nobody")
-    found = attacker.writable_snapshot([nobody], (), str(tree))
+    (tree / "shared/root-file").unlink()
+    found, into = attacker.writable_snapshot([nobody], (), str(tree))
+    assert sorted(into) == [str(tree / "shared"), str(tree / "theirs")], "an empty shared directory is watched too"
     assert str(tree / "theirs/log") in found
     assert str(tree / "theirs") not in found, "their directory is theirs, but its name is in root's"
-    assert str(tree / "shared/root-file") not in found, "another's name in a sticky directory is theirs"
     assert str(tree / "roots/config") not in found
+    (tree / "shared/root-file").write_text("root's\n")
+    assert str(tree / "shared/root-file") not in attacker.writable_snapshot([nobody], (), str(tree))[0], (
+        "another's name in a sticky directory is theirs"
+    )
     (tree / "shared").chmod(0o777)
-    assert str(tree / "shared/root-file") in attacker.writable_snapshot([nobody], (), str(tree))
+    assert str(tree / "shared/root-file") in attacker.writable_snapshot([nobody], (), str(tree))[0]
 
 
 def test_a_link_is_planted_as_the_account_and_taken_out_again(tree):

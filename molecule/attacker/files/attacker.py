@@ -131,10 +131,14 @@ def reachable(path: str, who: Account) -> bool:
     return True
 
 
-def writable_snapshot(who: list[Account], skip: tuple[str, ...], top: str = "/") -> dict[str, list[Any]]:
+def writable_snapshot(
+    who: list[Account], skip: tuple[str, ...], top: str = "/"
+) -> tuple[dict[str, list[Any]], list[str]]:
     """The paths some attacker can replace (its directory is theirs to write) or write (a file they
-    may write): path -> [type, inode, size, mtime_ns, ctime_ns, uid, the accounts]."""
+    may write): path -> [type, inode, size, mtime_ns, ctime_ns, uid, the accounts]; and every directory
+    some attacker can make names in (an empty /run/lock too), where a step's new names are watched."""
     snapshot: dict[str, list[Any]] = {}
+    into: list[str] = []
     parents: dict[str, os.stat_result] = {}
     search: dict[tuple[str, int], bool] = {}
     for path, st in walk(skip, top):
@@ -145,6 +149,7 @@ def writable_snapshot(who: list[Account], skip: tuple[str, ...], top: str = "/")
             except OSError:
                 continue
         names = []
+        makes_names = False
         for account in who:
             key = (parent, account.uid)
             if key not in search:
@@ -154,10 +159,14 @@ def writable_snapshot(who: list[Account], skip: tuple[str, ...], top: str = "/")
             writes_file = stat.S_ISREG(st.st_mode) and account.may(st, 2)
             if writes_file or account.may_replace(parents[parent], st):
                 names.append(account.name)
+            if stat.S_ISDIR(st.st_mode) and account.may(parents[parent], 1) and account.may_replace(st, None):
+                makes_names = True
         if names:
             kind = "l" if stat.S_ISLNK(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "f"
             snapshot[path] = [kind, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, names]
-    return snapshot
+        if makes_names:
+            into.append(path)
+    return snapshot, into
 
 
 def touched(before: dict[str, list[Any]], after: dict[str, list[Any]]) -> set[str]:
@@ -405,13 +414,10 @@ def main() -> None:
         learned = sorted(p for p in load("learned.json", []) if p not in guarded and p != args.canary)
         planted = [] if args.no_plant else plant(learned, who, args.canary)
         keep("planted.json", planted)
-        writable = writable_snapshot(who, skip)
+        writable, into = writable_snapshot(who, skip)
         keep("writable.json", writable)
-        # The directories the accounts can write in: watched during the step (``watch``).
-        keep(
-            "watch-dirs.json",
-            sorted({os.path.dirname(p) for p in writable} | {p for p, v in writable.items() if v[0] == "d"}),
-        )
+        # The directories the accounts can make names in: watched during the step (``watch``).
+        keep("watch-dirs.json", sorted(into))
         for name in ("watch.stop", "watched.json", "watching"):
             (state / name).unlink(missing_ok=True)
         keep("manifest.json", manifest(skip, declared, cache))
@@ -430,7 +436,7 @@ def main() -> None:
     planted = load("planted.json", [])
     unplant(planted, args.canary)
     writable_before = load("writable.json", {})
-    writable_after = writable_snapshot(who, skip)
+    writable_after = writable_snapshot(who, skip)[0]
     for _ in range(50):
         if (state / "watched.json").exists():
             break

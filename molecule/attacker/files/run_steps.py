@@ -162,6 +162,8 @@ def run_step(host: str, step: dict[str, Any], argv: list[str]) -> dict[str, Any]
 def main() -> None:
     """Run every step and keep its record in the scenario's ephemeral directory."""
     host, out, steps, argv = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    # The squatter's own files are the harness's, not a path of the playbooks: never planted at.
+    attacker(host, argv, "guarded", json.dumps([SQUAT_LOG, SQUAT_STOP, SQUAT_ERR]))
     kept = REPO / "artifacts" / "attacker"
     kept.mkdir(parents=True, exist_ok=True)
     for step in steps:

@@ -46,20 +46,31 @@ def tree() -> Iterator[Path]:
     shutil.rmtree(top)
 
 
+def writable(who: list, tree: Path) -> tuple[dict, list]:
+    """What ``who`` can write in ``tree`` and the directories they can make names in (the survey's first two)."""
+    snapshot, into, _ = attacker.survey(who, (), [], {}, str(tree))
+    return snapshot, into
+
+
+def listed(declared: list[str], cache: dict, tree: Path) -> dict:
+    """The manifest of ``tree`` (the survey's third)."""
+    return attacker.survey([], (), declared, cache, str(tree))[2]
+
+
 def test_the_writable_paths_come_from_the_modes_and_the_sticky_bit(tree):
     nobody = attacker.Account("nobody")
     (tree / "shared/root-file").unlink()
-    found, into = attacker.writable_snapshot([nobody], (), str(tree))
+    found, into = writable([nobody], tree)
     assert sorted(into) == [str(tree / "shared"), str(tree / "theirs")], "an empty shared directory is watched too"
     assert str(tree / "theirs/log") in found
     assert str(tree / "theirs") not in found, "their directory is theirs, but its name is in root's"
     assert str(tree / "roots/config") not in found
     (tree / "shared/root-file").write_text("root's\n")
-    assert str(tree / "shared/root-file") not in attacker.writable_snapshot([nobody], (), str(tree))[0], (
+    assert str(tree / "shared/root-file") not in writable([nobody], tree)[0], (
         "another's name in a sticky directory is theirs"
     )
     (tree / "shared").chmod(0o777)
-    assert str(tree / "shared/root-file") in attacker.writable_snapshot([nobody], (), str(tree))[0]
+    assert str(tree / "shared/root-file") in writable([nobody], tree)[0]
 
 
 def test_a_link_is_planted_as_the_account_and_taken_out_again(tree):
@@ -79,13 +90,19 @@ def test_a_link_is_planted_as_the_account_and_taken_out_again(tree):
 def test_a_root_file_changed_outside_the_declared_paths_is_a_difference(tree):
     cache: dict = {}
     declared = [str(tree / "roots") + "*"]
-    before = attacker.manifest((), declared, cache, str(tree))
+    before = listed(declared, cache, tree)
     (tree / "roots/config").write_text("changed\n")
-    assert attacker.differences(before, attacker.manifest((), declared, cache, str(tree))) == []
+    assert attacker.differences(before, listed(declared, cache, tree)) == []
     (tree / "canary").write_text("appended\n")
-    changed = attacker.differences(before, attacker.manifest((), declared, cache, str(tree)))
+    changed = attacker.differences(before, listed(declared, cache, tree))
     assert [d["path"] for d in changed] == [str(tree / "canary")]
     assert changed[0]["before"][4] != changed[0]["after"][4], "the sha256 moved"
+
+
+def test_a_scratch_tree_is_walked_but_marked(tree):
+    marks = {path: scratch for path, _, scratch in attacker.walk((), str(tree), (str(tree / "theirs"),))}
+    assert marks[str(tree / "theirs")] and marks[str(tree / "theirs/log")], "the scratch tree and below it"
+    assert not marks[str(tree / "roots/config")]
 
 
 def test_a_step_runs_again_only_past_a_link_in_its_own_accounts_directory():

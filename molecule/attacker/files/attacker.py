@@ -20,14 +20,14 @@ run of converge.yml:
     directories the accounts can write, which a snapshot before and after misses when the step makes
     and removes a name within itself; ``after`` stops it and learns what it saw.
 ``after STEP``
-    Takes the manifest again and compares: every root-owned file added, removed or changed outside
-    the declared paths is a finding; so is any change to the canary. Takes out the links it planted
-    (putting back what it moved aside), snapshots the writable paths again and learns every path the
-    step created, changed or removed there, for the next steps to plant at. Prints the step's record
-    (JSON), also kept in the state directory.
+    Takes the manifest and the snapshot of the writable paths again (one walk of the host, as before
+    the step: the links still planted) and compares: every root-owned file added, removed or changed
+    outside the declared paths is a finding; so is any change to the canary. Learns every path the step
+    created, changed or removed where the accounts can write (and what the watch saw), for the next
+    steps to plant at; takes out the links it planted (putting back what it moved aside). Prints the
+    step's record (JSON), also kept in the state directory.
 
-The learned paths are those that exist before or after a step: a name the playbooks create and
-remove within one step is not seen. The state lives in a root-only directory (``--state``).
+The state lives in a root-only directory (``--state``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ class Account:
         entry = pwd.getpwnam(name)
         self.name = name
         self.uid = entry.pw_uid
+        self.gid = entry.pw_gid
         self.gids = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if name in g.gr_mem}
 
     def may(self, st: os.stat_result, bit: int) -> bool:
@@ -92,13 +93,13 @@ def accounts(names: list[str]) -> list[Account]:
     return found
 
 
-def walk(skip: tuple[str, ...], top: str = "/") -> Any:
-    """Every path on the host below / (not following links) with its lstat; /proc and /sys are left out,
-    and of /dev only its shared directories are walked; ``skip``: more trees left out; ``top``: where to
-    start (a test's tree)."""
-    stack = [top]
+def walk(skip: tuple[str, ...], top: str = "/", scratch: tuple[str, ...] = ()) -> Any:
+    """Every path on the host below / (not following links) with its lstat and whether it is in a scratch
+    tree (``scratch``, or below one); /proc and /sys are left out, and of /dev only its shared directories
+    are walked (scratch); ``skip``: more trees left out; ``top``: where to start (a test's tree)."""
+    stack = [(top, top in scratch)]
     while stack:
-        directory = stack.pop()
+        directory, in_scratch = stack.pop()
         try:
             names = os.listdir(directory)
         except OSError:
@@ -108,15 +109,16 @@ def walk(skip: tuple[str, ...], top: str = "/") -> Any:
             if path in skip or path in NEVER_WALKED:
                 continue
             if path == "/dev":
-                stack.extend(d for d in SHARED_DEVICE_DIRS if d not in skip and os.path.isdir(d))
+                stack.extend((d, True) for d in SHARED_DEVICE_DIRS if d not in skip and os.path.isdir(d))
                 continue
             try:
                 st = os.lstat(path)
             except OSError:
                 continue
-            yield path, st
+            below = in_scratch or path in scratch
+            yield path, st, below
             if stat.S_ISDIR(st.st_mode):
-                stack.append(path)
+                stack.append((path, below))
 
 
 def reachable(path: str, who: Account) -> bool:
@@ -131,42 +133,44 @@ def reachable(path: str, who: Account) -> bool:
     return True
 
 
-def writable_snapshot(
-    who: list[Account], skip: tuple[str, ...], top: str = "/"
-) -> tuple[dict[str, list[Any]], list[str]]:
-    """The paths some attacker can replace (its directory is theirs to write) or write (a file they
-    may write): path -> [type, inode, size, mtime_ns, ctime_ns, uid, the accounts]; and every directory
-    some attacker can make names in (an empty /run/lock too), where a step's new names are watched."""
-    snapshot: dict[str, list[Any]] = {}
-    into: list[str] = []
-    parents: dict[str, os.stat_result] = {}
-    search: dict[tuple[str, int], bool] = {}
-    for path, st in walk(skip, top):
+class Writable:
+    """The paths some attacker can replace (its directory is theirs to write) or write (a file they may
+    write): path -> [type, inode, size, mtime_ns, ctime_ns, uid, the accounts]; and every directory some
+    attacker can make names in (an empty /run/lock too), where a step's new names are watched."""
+
+    def __init__(self, who: list[Account]) -> None:
+        self.who = who
+        self.snapshot: dict[str, list[Any]] = {}
+        self.into: list[str] = []
+        self.parents: dict[str, os.stat_result] = {}
+        self.search: dict[tuple[str, int], bool] = {}
+
+    def add(self, path: str, st: os.stat_result) -> None:
+        """Take in one path of the walk."""
         parent = os.path.dirname(path)
-        if parent not in parents:
+        if parent not in self.parents:
             try:
-                parents[parent] = os.stat(parent)
+                self.parents[parent] = os.stat(parent)
             except OSError:
-                continue
+                return
         names = []
         makes_names = False
-        for account in who:
+        for account in self.who:
             key = (parent, account.uid)
-            if key not in search:
-                search[key] = reachable(path, account)
-            if not search[key]:
+            if key not in self.search:
+                self.search[key] = reachable(path, account)
+            if not self.search[key]:
                 continue
             writes_file = stat.S_ISREG(st.st_mode) and account.may(st, 2)
-            if writes_file or account.may_replace(parents[parent], st):
+            if writes_file or account.may_replace(self.parents[parent], st):
                 names.append(account.name)
-            if stat.S_ISDIR(st.st_mode) and account.may(parents[parent], 1) and account.may_replace(st, None):
+            if stat.S_ISDIR(st.st_mode) and account.may(self.parents[parent], 1) and account.may_replace(st, None):
                 makes_names = True
         if names:
             kind = "l" if stat.S_ISLNK(st.st_mode) else "d" if stat.S_ISDIR(st.st_mode) else "f"
-            snapshot[path] = [kind, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, names]
+            self.snapshot[path] = [kind, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid, names]
         if makes_names:
-            into.append(path)
-    return snapshot, into
+            self.into.append(path)
 
 
 def touched(before: dict[str, list[Any]], after: dict[str, list[Any]]) -> set[str]:
@@ -184,18 +188,24 @@ def sha256(path: str) -> str:
     return digest.hexdigest()
 
 
-def manifest(skip: tuple[str, ...], declared: list[str], cache: dict[str, Any], top: str = "/") -> dict[str, list[Any]]:
-    """Every root-owned path outside ``declared`` (glob patterns) and ``skip``: path -> [type, uid, gid,
-    mode, sha256 of a file or target of a link]. A file's sha256 is read again only when its inode,
-    size, mtime or ctime moved (cache: what the last manifest read)."""
-    found: dict[str, list[Any]] = {}
-    fresh: dict[str, Any] = {}
-    for path, st in walk(skip + ("/run", "/tmp", "/var/tmp") + SHARED_DEVICE_DIRS, top):
-        if st.st_uid != 0 or any(fnmatch.fnmatchcase(path, pattern) for pattern in declared):
-            continue
+class Manifest:
+    """Every root-owned path outside ``declared`` (glob patterns): path -> [type, uid, gid, mode, sha256 of
+    a file or target of a link]. A file's sha256 is read again only when its inode, size, mtime or ctime
+    moved (``cache``: what the last manifest read; ``done`` leaves this one's there)."""
+
+    def __init__(self, declared: list[str], cache: dict[str, Any]) -> None:
+        self.declared = declared
+        self.cache = cache
+        self.found: dict[str, list[Any]] = {}
+        self.fresh: dict[str, Any] = {}
+
+    def add(self, path: str, st: os.stat_result) -> None:
+        """Take in one path of the walk."""
+        if st.st_uid != 0 or any(fnmatch.fnmatchcase(path, pattern) for pattern in self.declared):
+            return
         if stat.S_ISREG(st.st_mode):
             key = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-            kept = cache.get(path)
+            kept = self.cache.get(path)
             if kept and kept[0] == key:
                 content = kept[1]
             else:
@@ -203,7 +213,7 @@ def manifest(skip: tuple[str, ...], declared: list[str], cache: dict[str, Any], 
                     content = sha256(path)
                 except OSError as error:
                     content = f"unreadable: {error.strerror}"
-            fresh[path] = [key, content]
+            self.fresh[path] = [key, content]
             kind = "f"
         elif stat.S_ISLNK(st.st_mode):
             kind, content = "l", os.readlink(path)
@@ -211,10 +221,31 @@ def manifest(skip: tuple[str, ...], declared: list[str], cache: dict[str, Any], 
             kind, content = "d", ""
         else:
             kind, content = "o", ""
-        found[path] = [kind, st.st_uid, st.st_gid, oct(stat.S_IMODE(st.st_mode)), content]
-    cache.clear()
-    cache.update(fresh)
-    return found
+        self.found[path] = [kind, st.st_uid, st.st_gid, oct(stat.S_IMODE(st.st_mode)), content]
+
+    def done(self) -> dict[str, list[Any]]:
+        """The manifest; the cache now holds the sha256s it read."""
+        self.cache.clear()
+        self.cache.update(self.fresh)
+        return self.found
+
+
+# Trees of run-time scratch (sockets, temporary files): walked for the writable paths, not for the manifest.
+SCRATCH = ("/run", "/tmp", "/var/tmp")
+
+
+def survey(
+    who: list[Account], skip: tuple[str, ...], declared: list[str], cache: dict[str, Any], top: str = "/"
+) -> tuple[dict[str, list[Any]], list[str], dict[str, list[Any]]]:
+    """One walk of the host (``skip``: trees left out; ``top``: where to start, a test's tree): what the
+    attackers ``who`` can write and the directories they can make names in (Writable), and the manifest of
+    root-owned files outside ``declared`` and the scratch trees (Manifest, with ``cache``)."""
+    writable, listing = Writable(who), Manifest(declared, cache)
+    for path, st, scratch in walk(skip, top, SCRATCH):
+        writable.add(path, st)
+        if not scratch:
+            listing.add(path, st)
+    return writable.snapshot, writable.into, listing.done()
 
 
 # inotify(7): the events that name a path in a watched directory.
@@ -325,7 +356,7 @@ def plant(paths: list[str], who: list[Account], canary: str) -> list[dict[str, A
             [
                 "setpriv",
                 f"--reuid={account.uid}",
-                f"--regid={pwd.getpwnam(account.name).pw_gid}",
+                f"--regid={account.gid}",
                 "--init-groups",
                 "--reset-env",
                 sys.executable,
@@ -368,6 +399,12 @@ def unplant(planted: list[dict[str, Any]], canary: str) -> None:
                 pass
 
 
+def canary_state(canary: str) -> list[Any]:
+    """What must not change of the canary: its owner, mode and sha256."""
+    st = os.lstat(canary)
+    return [st.st_uid, oct(st.st_mode), sha256(canary)]
+
+
 def differences(before: dict[str, list[Any]], after: dict[str, list[Any]]) -> list[dict[str, Any]]:
     """Root-owned paths added, removed or changed between two manifests."""
     found = []
@@ -386,7 +423,7 @@ def main() -> None:
     parser.add_argument("--canary", default="/etc/attacker-canary")
     parser.add_argument(
         "--accounts",
-        default="mallory,ml,inference",
+        required=True,
         help="the attackers, the least trusted first (comma-separated; absent ones skipped)",
     )
     parser.add_argument("--declared", default="[]", help="JSON list of glob patterns the playbooks may write as root")
@@ -414,14 +451,14 @@ def main() -> None:
         learned = sorted(p for p in load("learned.json", []) if p not in guarded and p != args.canary)
         planted = [] if args.no_plant else plant(learned, who, args.canary)
         keep("planted.json", planted)
-        writable, into = writable_snapshot(who, skip)
+        writable, into, listed = survey(who, skip, declared, cache)
         keep("writable.json", writable)
         # The directories the accounts can make names in: watched during the step (``watch``).
         keep("watch-dirs.json", sorted(into))
         for name in ("watch.stop", "watched.json", "watching"):
             (state / name).unlink(missing_ok=True)
-        keep("manifest.json", manifest(skip, declared, cache))
-        keep("canary.json", [os.lstat(args.canary).st_uid, oct(os.lstat(args.canary).st_mode), sha256(args.canary)])
+        keep("manifest.json", listed)
+        keep("canary.json", canary_state(args.canary))
         keep("hashes.json", cache)
         print(json.dumps({"step": args.step, "accounts": [a.name for a in who], "planted": len(planted)}))
         return
@@ -430,13 +467,13 @@ def main() -> None:
         return
     (state / "watch.stop").touch()
     before = load("manifest.json", {})
-    after = manifest(skip, declared, cache)
+    # As before the step: with the links still planted (what the step did at them is in both).
+    writable_after, _, after = survey(who, skip, declared, cache)
     keep("hashes.json", cache)
-    canary_now = [os.lstat(args.canary).st_uid, oct(os.lstat(args.canary).st_mode), sha256(args.canary)]
+    canary_now = canary_state(args.canary)
     planted = load("planted.json", [])
     unplant(planted, args.canary)
     writable_before = load("writable.json", {})
-    writable_after = writable_snapshot(who, skip)[0]
     for _ in range(50):
         if (state / "watched.json").exists():
             break

@@ -13,9 +13,10 @@ A step has reached its end when its playbook passed, or printed the step's ``rea
 a failure it is meant to end with, e.g. a rollback's); a step that failed otherwise, at no plant it may
 skip, is left as it is (reached_its_end false) for verify to report.
 
-Usage: python3 run_steps.py HOST OUT STEPS_JSON ATTACKER_ARGV_JSON (STEPS_JSON: [{name, argv,
+Usage: python3 run_steps.py HOST OUT STEPS_JSON ATTACKER_ARGV_JSON ACCOUNT UNIT (STEPS_JSON: [{name, argv,
 learn_only?, reached?, squat?}], argv run in the repository; ATTACKER_ARGV_JSON: the command that runs
-attacker.py on the host, through docker exec, with before/watch/after/guarded and the step added).
+attacker.py on the host, through docker exec, with before/watch/after/guarded and the step added;
+ACCOUNT and UNIT: the server's service account and its systemd unit).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def attacker(host: str, argv: list[str], *args: str) -> dict[str, Any]:
     return json.loads(run.stdout) if run.stdout.strip() else {}
 
 
-def squat(host: str, port: int) -> None:
+def squat(host: str, port: int, account: str) -> None:
     """Start mallory's squatter on ``port``, in the window between the port guard and the engine's listen
-    of the service account's next start (files/squatter.py, copied by prepare)."""
+    of the service ``account``'s next start (files/squatter.py, copied by prepare)."""
     subprocess.run(
         ["docker", "exec", "--user", "mallory", host, "rm", "-f", SQUAT_LOG, SQUAT_STOP, SQUAT_ERR], check=True
     )
@@ -61,7 +62,7 @@ def squat(host: str, port: int) -> None:
             host,
             "sh",
             "-c",
-            f"exec python3 -SE /usr/local/lib/squatter.py {port} inference {SQUAT_LOG} {SQUAT_STOP} 2>{SQUAT_ERR}",
+            f"exec python3 -SE /usr/local/lib/squatter.py {port} {account} {SQUAT_LOG} {SQUAT_STOP} 2>{SQUAT_ERR}",
         ],
         check=True,
     )
@@ -79,14 +80,14 @@ def squat_end(host: str) -> list[dict[str, Any]]:
     raise SystemExit(f"the squatter did not stop; its log: {log!r}; its errors: {err}")
 
 
-def settled(host: str) -> str:
-    """The server's unit once the squatter left: systemd restarts it on its own (Restart=), so the next
+def settled(host: str, unit: str) -> str:
+    """The server's ``unit`` once the squatter left: systemd restarts it on its own (Restart=), so the next
     step starts from a host that serves again, not from one whose restart races the deploy's. Its
     state after at most 90 s."""
     state = ""
     for _ in range(90):
         state = subprocess.run(
-            ["docker", "exec", host, "systemctl", "is-active", "inference-server"], capture_output=True, text=True
+            ["docker", "exec", host, "systemctl", "is-active", unit], capture_output=True, text=True
         ).stdout.strip()
         if state in ("active", "failed", "inactive"):
             break
@@ -110,8 +111,10 @@ def refused_at(record: dict[str, Any], rc: int, output: str) -> list[str]:
     return [item["path"] for item in named] if named and all(item["own"] for item in named) else []
 
 
-def run_step(host: str, step: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    """Every round of one step, until it reaches its end or fails at no plant it may skip (or MAX_ROUNDS)."""
+def run_step(host: str, step: dict[str, Any], argv: list[str], account: str, unit: str) -> dict[str, Any]:
+    """Every round of one step, until it reaches its end or fails at no plant it may skip (or MAX_ROUNDS);
+    ``account`` and ``unit``: the server's service account and unit (the squatter waits for the one, the
+    other must serve again after it)."""
     rounds, guarded = [], []
     for number in range(1, MAX_ROUNDS + 1):
         name = step["name"] if number == 1 else f"{step['name']}-{number}"
@@ -124,13 +127,13 @@ def run_step(host: str, step: dict[str, Any], argv: list[str]) -> dict[str, Any]
                 break
             time.sleep(0.1)
         if step.get("squat"):
-            squat(host, step["squat"])
+            squat(host, step["squat"], account)
         started = time.monotonic()
         proc = subprocess.run(step["argv"], cwd=REPO, capture_output=True, text=True)
         seconds = round(time.monotonic() - started, 1)
         squatter = squat_end(host) if step.get("squat") else None
         if squatter is not None:
-            squatter.append({"unit_after": settled(host)})
+            squatter.append({"unit_after": settled(host, unit)})
         began = time.monotonic()
         record = attacker(host, argv, "after", name)
         after_s = round(time.monotonic() - began, 1)
@@ -162,12 +165,13 @@ def run_step(host: str, step: dict[str, Any], argv: list[str]) -> dict[str, Any]
 def main() -> None:
     """Run every step and keep its record in the scenario's ephemeral directory."""
     host, out, steps, argv = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    account, unit = sys.argv[5], sys.argv[6]
     # The squatter's own files are the harness's, not a path of the playbooks: never planted at.
     attacker(host, argv, "guarded", json.dumps([SQUAT_LOG, SQUAT_STOP, SQUAT_ERR]))
     kept = REPO / "artifacts" / "attacker"
     kept.mkdir(parents=True, exist_ok=True)
     for step in steps:
-        record = json.dumps(run_step(host, step, argv))
+        record = json.dumps(run_step(host, step, argv, account, unit))
         (out / f"attacker-{step['name']}.json").write_text(record)
         (kept / f"attacker-{step['name']}.json").write_text(record)
 

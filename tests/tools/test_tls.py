@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from deploytools.tls import expires_within, problem
+from deploytools.tls import certificate_names, expires_within, problem
 from tls_certs import CA
 
 WHAT = {"cert": "inference_server_tls_cert_file (c.pem)", "key": "inference_server_tls_key_file (k.pem)",
@@ -87,3 +87,23 @@ def test_a_certificate_is_renewed_within_its_window():
     assert expires_within(cert, 45)
     assert expires_within(cert, 30, now=datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=15))
     assert expires_within("", 30), "no certificate yet: issue one"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "expected"),
+    [
+        # The API front on a wildcard bind: the host's addresses from preflight, an operator's name last.
+        (
+            ("gpu1.lan", "gpu1", "10.0.4.17"),
+            {"bind": "0.0.0.0", "addresses": ["10.0.4.17", "[fd00::7]", ""], "extra": ["api.lan", "gpu1"]},
+            ["gpu1.lan", "gpu1", "10.0.4.17", "fd00::7", "127.0.0.1", "::1", "localhost", "api.lan"],
+        ),
+        # The gateway on a specific IPv6 bind, no ansible_host.
+        (("gw", "gw", ""), {"bind": "[fd00::1]"}, ["gw", "fd00::1", "127.0.0.1", "::1", "localhost"]),
+        # node_exporter: the inventory name is the server name.
+        (("node1", "node1", "192.0.2.5"), {}, ["node1", "192.0.2.5", "127.0.0.1", "::1", "localhost"]),
+    ],
+    ids=["front", "gateway", "node-exporter"],
+)
+def test_a_deploys_certificate_carries_its_names_in_one_order(args, kwargs, expected):
+    assert certificate_names(*args, **kwargs) == expected

@@ -4,18 +4,22 @@ A certificate the operator gives (``inference_server_tls_cert_file`` and its key
 ``gateway_tls_*``) is checked on the controller before anything on a host changes: a PEM certificate
 and key, the key the certificate's, valid now, issued by the CA that clients verify it with, and naming
 the server name they ask for. The deploy's own certificates (roles/tls_cert) are renewed when they
-expire within the renewal window (:func:`expires_within`).
+expire within the renewal window (:func:`expires_within`) and carry the names of :func:`certificate_names`.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
+
+from deploytools.probe_url import is_wildcard
 
 
 def _certificates(pem: str) -> list[x509.Certificate]:
@@ -132,3 +136,38 @@ def expires_within(cert_pem: Any, days: Any, now: datetime.datetime | None = Non
         return True
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return certs[0].not_valid_after_utc - now < datetime.timedelta(days=float(days))
+
+
+# The names every certificate the deploy issues carries, for the deploy's own calls on the host.
+LOOPBACK_NAMES = ("127.0.0.1", "::1", "localhost")
+
+
+def certificate_names(
+    server_name: Any,
+    hostname: Any,
+    address: Any = "",
+    bind: Any = "",
+    addresses: Iterable[Any] = (),
+    extra: Iterable[Any] = (),
+) -> list[str]:
+    """The names (DNS names and IP addresses) a certificate the deploy issues for a network bind carries, in
+    this order: the name clients verify (``server_name``), the inventory name (``hostname``), its
+    ``ansible_host`` (``address``), the bind itself unless it is a wildcard, the host's other ``addresses``,
+    loopback, and the operator's ``extra`` names; brackets taken off IPv6 addresses, empty ones and
+    repeats left out. One rule for the API front, the gateway and node_exporter (filter ``tls_names``).
+
+    >>> certificate_names("gpu1.lan", "gpu1", "10.0.4.17", "[::]", ["10.0.4.17", "fd00::7"], ["api.lan"])
+    ['gpu1.lan', 'gpu1', '10.0.4.17', 'fd00::7', '127.0.0.1', '::1', 'localhost', 'api.lan']
+    >>> certificate_names("gw", "gw", bind="[fd00::1]")
+    ['gw', 'fd00::1', '127.0.0.1', '::1', 'localhost']
+    """
+    names = [server_name, hostname, address]
+    if not is_wildcard(bind):
+        names.append(bind)
+    names += [*addresses, *LOOPBACK_NAMES, *extra]
+    found: list[str] = []
+    for name in names:
+        text = re.sub(r"^\[(.*)\]$", r"\1", str(name))
+        if text and text not in found:
+            found.append(text)
+    return found

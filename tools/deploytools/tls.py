@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,7 +18,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from deploytools.probe_url import is_wildcard
+from deploytools.probe_url import bind_address, is_wildcard
 
 
 def _certificates(pem: str) -> list[x509.Certificate]:
@@ -153,8 +152,9 @@ def certificate_names(
     """The names (DNS names and IP addresses) a certificate the deploy issues for a network bind carries, in
     this order: the name clients verify (``server_name``), the inventory name (``hostname``), its
     ``ansible_host`` (``address``), the bind itself unless it is a wildcard, the host's other ``addresses``,
-    loopback, and the operator's ``extra`` names; brackets taken off IPv6 addresses, empty ones and
-    repeats left out. One rule for the API front, the gateway and node_exporter (filter ``tls_names``).
+    loopback, and the operator's ``extra`` names; each as :func:`bind_address` writes it (no brackets
+    around an IPv6 address), empty ones and repeats left out. One rule for the API front, the gateway and
+    node_exporter (filter ``tls_names``).
 
     >>> certificate_names("gpu1.lan", "gpu1", "10.0.4.17", "[::]", ["10.0.4.17", "fd00::7"], ["api.lan"])
     ['gpu1.lan', 'gpu1', '10.0.4.17', 'fd00::7', '127.0.0.1', '::1', 'localhost', 'api.lan']
@@ -167,7 +167,7 @@ def certificate_names(
     names += [*addresses, *LOOPBACK_NAMES, *extra]
     found: list[str] = []
     for name in names:
-        text = re.sub(r"^\[(.*)\]$", r"\1", str(name))
+        text = bind_address(name)
         if text and text not in found:
             found.append(text)
     return found

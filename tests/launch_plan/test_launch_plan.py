@@ -456,7 +456,7 @@ def test_each_filter_plugin_loads_alone_and_names_its_filters() -> None:
             "'is_wildcard', 'local_api', 'probe_url']"
         ),
         "model_layout": "['model_current_link', 'model_serving_path']",
-        "tls": "['tls_expires_within', 'tls_problem']",
+        "tls": "['tls_expires_within', 'tls_names', 'tls_problem']",
     }
     for name, filters in expected.items():
         proc = subprocess.run(

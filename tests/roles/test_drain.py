@@ -206,12 +206,17 @@ def render_unit(tmp_path: Path, **extra: Any) -> str:
 
 
 def localhost_play(
-    tmp_path: Path, task: dict[str, Any], variables: dict[str, Any], vars_files: list[Path] = (), json_out: bool = False
+    tmp_path: Path,
+    task: dict[str, Any] | list[dict[str, Any]],
+    variables: dict[str, Any],
+    vars_files: list[Path] = (),
+    json_out: bool = False,
 ) -> subprocess.CompletedProcess:
-    """ansible-playbook with one ``task`` on localhost, as the repository's configuration runs it (its
-    filters and roles), with ``variables`` as extra vars and the play's ``vars_files``; ``json_out`` prints
-    the json callback's report instead of the default output."""
-    play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(f) for f in vars_files], "tasks": [task]}]
+    """ansible-playbook with one ``task`` (or a list of tasks) on localhost, as the repository's configuration
+    runs it (its filters and roles), with ``variables`` as extra vars and the play's ``vars_files``;
+    ``json_out`` prints the json callback's report instead of the default output."""
+    tasks = task if isinstance(task, list) else [task]
+    play = [{"hosts": "localhost", "gather_facts": False, "vars_files": [str(f) for f in vars_files], "tasks": tasks}]
     (tmp_path / "play.yml").write_text(json.dumps(play))
     (tmp_path / "vars.json").write_text(json.dumps(variables))
     env = ansible_env(PATH=f"{BIN}:{os.environ['PATH']}", **({"ANSIBLE_STDOUT_CALLBACK": "json"} if json_out else {}))
@@ -219,27 +224,89 @@ def localhost_play(
     return subprocess.run([*argv, str(tmp_path / "play.yml")], capture_output=True, text=True, env=env, cwd=tmp_path)
 
 
+def localhost_values(
+    tmp_path: Path, queries: list[tuple[str, dict[str, Any]]], vars_files: list[Path] = ()
+) -> list[Any]:
+    """Each Jinja ``expression`` of ``queries`` (expression, variables), as one ansible-playbook run on
+    localhost evaluates it: one debug task per query, its variables as the task's vars (above the play's
+    ``vars_files``, as extra vars would be), so that tens of values cost one run instead of tens."""
+    tasks = [
+        {"name": f"Query {index}", "ansible.builtin.debug": {"msg": f"{{{{ {expression} }}}}"}, "vars": variables}
+        for index, (expression, variables) in enumerate(queries)
+    ]
+    proc = localhost_play(tmp_path, tasks, {}, vars_files, json_out=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
+    return [task["hosts"]["localhost"]["msg"] for task in report["plays"][0]["tasks"]]
+
+
+# What every render of a template of the server's role is given besides the case's own variables: the
+# launch plan and the model revision the unit names.
+TEMPLATE_BASE = {
+    "inference_server_plan": {
+        "argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
+        "env": {"HF_HOME": "/var/cache/inference-server/huggingface"},
+        "notes": [],
+    },
+    "model_sync_model_dir": "/srv/models/m/revisions/r1",
+    "inference_server_engine": "transformers",
+}
+
+
 def template_run(
     tmp_path: Path, template: str = "inference-server.service.j2", role: str = "inference_server", **extra: Any
 ) -> subprocess.CompletedProcess:
     """The ansible-playbook run that renders a template of ``role`` (the server's unit unless told) with the
-    role's defaults and vars (and ``extra``) to ``tmp_path / "unit"``."""
+    role's defaults and vars (and ``extra``) to ``tmp_path / "unit"``, by the template module."""
     role_dir = REPO / "roles" / role
-    variables = {
-        "inference_server_plan": {
-            "argv": ["/opt/ml-env/bin/transformers", "serve", "/srv/models/m", "--port", "8000"],
-            "env": {"HF_HOME": "/var/cache/inference-server/huggingface"},
-            "notes": [],
-        },
-        "model_sync_model_dir": "/srv/models/m/revisions/r1",
-        "inference_server_engine": "transformers",
-        **extra,
-    }
     source, dest = role_dir / "templates" / template, tmp_path / "unit"
     task = {"name": "Render the template", "ansible.builtin.template": {"src": str(source), "dest": str(dest)}}
-    return localhost_play(
-        tmp_path, task, variables, [role_dir / "defaults" / "main.yml", role_dir / "vars" / "main.yml"]
-    )
+    return localhost_play(tmp_path, task, {**TEMPLATE_BASE, **extra}, role_vars_files(role))
+
+
+def template_results(
+    tmp_path: Path,
+    variants: list[dict[str, Any]],
+    template: str = "inference-server.service.j2",
+    role: str = "inference_server",
+) -> list[tuple[dict[str, Any], Path]]:
+    """Each of ``variants`` rendered by the template module as template_run renders it, all in one
+    ansible-playbook run whose tasks go on past a refusal: (the task's result, where it was to write)."""
+    source = REPO / "roles" / role / "templates" / template
+    dests = [tmp_path / f"render-{index}" for index in range(len(variants))]
+    tasks = [
+        {
+            "name": f"Render {index}",
+            "ansible.builtin.template": {"src": str(source), "dest": str(dest)},
+            "vars": {**TEMPLATE_BASE, **variant},
+            "ignore_errors": True,
+        }
+        for index, (variant, dest) in enumerate(zip(variants, dests, strict=True))
+    ]
+    proc = localhost_play(tmp_path, tasks, {}, role_vars_files(role), json_out=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
+    return [(task["hosts"]["localhost"], dest) for task, dest in zip(report["plays"][0]["tasks"], dests, strict=True)]
+
+
+def role_vars_files(role: str) -> list[Path]:
+    """The files of ``role``'s defaults and vars, as a play's vars_files."""
+    return [REPO / "roles" / role / "defaults" / "main.yml", REPO / "roles" / role / "vars" / "main.yml"]
+
+
+def rendered(
+    tmp_path: Path,
+    variants: list[dict[str, Any]],
+    template: str = "inference-server.service.j2",
+    role: str = "inference_server",
+) -> list[str]:
+    """The text of a template of ``role`` for each of ``variants`` (variables beside TEMPLATE_BASE), all in one
+    ansible-playbook run: Ansible's template lookup, which renders as the template module does (the same
+    templating of the same file; tests/roles/test_probe_url.py compares the two), without a module run each."""
+    source = REPO / "roles" / role / "templates" / template
+    lookup = f"lookup('ansible.builtin.template', {str(source)!r}, convert_data=False)"
+    queries = [(lookup, {**TEMPLATE_BASE, **variant}) for variant in variants]
+    return localhost_values(tmp_path, queries, role_vars_files(role))
 
 
 def directives(unit: str, name: str) -> list[str]:

@@ -7,10 +7,11 @@ ansible-playbook as a deploy renders them; issue 44, item 3."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from role_files import run_role_tasks
-from test_drain import directives, render_unit, template_run
+from test_drain import directives, render_unit, template_results, template_run
 
 INJECTED = "ExecStartPre=+/usr/bin/touch /tmp/pwned"
 # The issue's repro: a unit name in inference_server_after_units that brings its own [Service] lines.
@@ -23,20 +24,34 @@ def refusal(proc: subprocess.CompletedProcess) -> str:
     return " ".join((proc.stdout + proc.stderr).split())
 
 
-@pytest.mark.parametrize(
-    "variable, value",
-    [
-        ("ml_env_engine_version", "5.6.0\nExecStartPre=+/usr/bin/touch /tmp/pwned"),
-        ("model_sync_revision", "abc\rdef"),
-        ("model_sync_name", "tiny\nUser=root"),
-        ("model_sync_model_dir", "/srv/models/m\n[Service]"),
-    ],
-)
-def test_a_control_character_in_a_comment_or_the_description_is_refused_naming_it(tmp_path, variable, value):
-    proc = template_run(tmp_path, **{variable: value})
-    assert proc.returncode != 0
-    assert f"{variable} {value[:80]!r} holds a control character, which would break the lines" in refusal(proc)
-    assert not (tmp_path / "unit").exists()
+CONTROL_CHARACTERS = [
+    ("ml_env_engine_version", "5.6.0\nExecStartPre=+/usr/bin/touch /tmp/pwned"),
+    ("model_sync_revision", "abc\rdef"),
+    ("model_sync_name", "tiny\nUser=root"),
+    ("model_sync_model_dir", "/srv/models/m\n[Service]"),
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory) -> dict[tuple[str, str], tuple[dict, Path]]:
+    """(variable, repr of its value) -> the template task's result and where it was to write, for every hostile
+    value of CONTROL_CHARACTERS and SERVER_UNIT_VALUES, each alone in the server's unit, in one run."""
+    cases = [*CONTROL_CHARACTERS, *((variable, value) for variable, value, _ in SERVER_UNIT_VALUES)]
+    results = template_results(tmp_path_factory.mktemp("refusals"), [{variable: value} for variable, value in cases])
+    return {(variable, repr(value)): result for (variable, value), result in zip(cases, results, strict=True)}
+
+
+def said(result: dict) -> str:
+    """A refused task's message on one line."""
+    return " ".join(str(result.get("msg", "")).split())
+
+
+@pytest.mark.parametrize("variable, value", CONTROL_CHARACTERS)
+def test_a_control_character_in_a_comment_or_the_description_is_refused_naming_it(refusals, variable, value):
+    result, dest = refusals[(variable, repr(value))]
+    assert result.get("failed"), result
+    assert f"{variable} {value[:80]!r} holds a control character, which would break the lines" in said(result)
+    assert not dest.exists()
 
 
 def test_a_note_with_a_newline_is_refused_as_a_note_of_the_plan(tmp_path):
@@ -79,11 +94,11 @@ SERVER_UNIT_VALUES = [
 @pytest.mark.parametrize(
     "variable, value, says", SERVER_UNIT_VALUES, ids=[f"{v}-{i}" for i, (v, *_) in enumerate(SERVER_UNIT_VALUES)]
 )
-def test_a_hostile_value_is_refused_naming_its_variable_before_the_unit_is_written(tmp_path, variable, value, says):
-    proc = template_run(tmp_path, **{variable: value})
-    assert proc.returncode != 0, f"rendered:\n{(tmp_path / 'unit').read_text() if (tmp_path / 'unit').exists() else ''}"
-    assert f"{variable} " in refusal(proc) and says in refusal(proc), refusal(proc)[-1500:]
-    assert not (tmp_path / "unit").exists()
+def test_a_hostile_value_is_refused_naming_its_variable_before_the_unit_is_written(refusals, variable, value, says):
+    result, dest = refusals[(variable, repr(value))]
+    assert result.get("failed"), f"rendered:\n{dest.read_text() if dest.exists() else ''}"
+    assert f"{variable} " in said(result) and says in said(result), said(result)[-1500:]
+    assert not dest.exists()
 
 
 def test_the_gpu_device_list_is_refused_with_a_line_of_its_own(tmp_path):

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from gate_fakes import free_port
 from rehearsal_engine import MODEL, start_server, wait_health
-from role_files import ansible_env
+from role_files import ansible_env, task_results
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "inference_server"
@@ -236,8 +236,7 @@ def localhost_values(
     ]
     proc = localhost_play(tmp_path, tasks, {}, vars_files, json_out=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(proc.stdout[proc.stdout.index("{") :])
-    return [task["hosts"]["localhost"]["msg"] for task in report["plays"][0]["tasks"]]
+    return [result["msg"] for _, result in task_results(proc)]
 
 
 # What every render of a template of the server's role is given besides the case's own variables: the
@@ -258,8 +257,7 @@ def template_run(
 ) -> subprocess.CompletedProcess:
     """The ansible-playbook run that renders a template of ``role`` (the server's unit unless told) with the
     role's defaults and vars (and ``extra``) to ``tmp_path / "unit"``, by the template module."""
-    role_dir = REPO / "roles" / role
-    source, dest = role_dir / "templates" / template, tmp_path / "unit"
+    source, dest = template_path(role, template), tmp_path / "unit"
     task = {"name": "Render the template", "ansible.builtin.template": {"src": str(source), "dest": str(dest)}}
     return localhost_play(tmp_path, task, {**TEMPLATE_BASE, **extra}, role_vars_files(role))
 
@@ -272,7 +270,7 @@ def template_results(
 ) -> list[tuple[dict[str, Any], Path]]:
     """Each of ``variants`` rendered by the template module as template_run renders it, all in one
     ansible-playbook run whose tasks go on past a refusal: (the task's result, where it was to write)."""
-    source = REPO / "roles" / role / "templates" / template
+    source = template_path(role, template)
     dests = [tmp_path / f"render-{index}" for index in range(len(variants))]
     tasks = [
         {
@@ -285,8 +283,12 @@ def template_results(
     ]
     proc = localhost_play(tmp_path, tasks, {}, role_vars_files(role), json_out=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(proc.stdout[proc.stdout.index("{") :])
-    return [(task["hosts"]["localhost"], dest) for task, dest in zip(report["plays"][0]["tasks"], dests, strict=True)]
+    return [(result, dest) for (_, result), dest in zip(task_results(proc), dests, strict=True)]
+
+
+def template_path(role: str, template: str) -> Path:
+    """Where ``role``'s ``template`` is."""
+    return REPO / "roles" / role / "templates" / template
 
 
 def role_vars_files(role: str) -> list[Path]:
@@ -303,7 +305,7 @@ def rendered(
     """The text of a template of ``role`` for each of ``variants`` (variables beside TEMPLATE_BASE), all in one
     ansible-playbook run: Ansible's template lookup, which renders as the template module does (the same
     templating of the same file; tests/roles/test_probe_url.py compares the two), without a module run each."""
-    source = REPO / "roles" / role / "templates" / template
+    source = template_path(role, template)
     lookup = f"lookup('ansible.builtin.template', {str(source)!r}, convert_data=False)"
     queries = [(lookup, {**TEMPLATE_BASE, **variant}) for variant in variants]
     return localhost_values(tmp_path, queries, role_vars_files(role))
@@ -374,8 +376,7 @@ def test_the_converged_fingerprint_follows_the_drain_bound(tmp_path):
             cwd=tmp_path,
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        tasks = json.loads(proc.stdout[proc.stdout.index("{") :])["plays"][0]["tasks"]
-        return tasks[-1]["hosts"]["localhost"]["fp.fingerprint"]
+        return task_results(proc)[-1][1]["fp.fingerprint"]
 
     first, second = fingerprint(120), fingerprint(300)
     assert [k for k in first if first[k] != second.get(k)] == ["variables of role inference_server"]

@@ -99,12 +99,8 @@ def renders(tmp_path_factory) -> dict[tuple[str, str], str]:
 @pytest.fixture(scope="module")
 def gate_values(tmp_path_factory) -> dict[tuple[str, str], str]:
     """(variable, case) -> the gate's default of ``variable`` for that case's inventory variables."""
-    cases = {"no server variables": {}}
-    for bind, _ in BINDS:
-        cases[f"plain {bind}"] = bind_variables(bind, **NO_FRONT)
-    for bind, _ in FRONTED:
-        cases[f"fronted {bind}"] = bind_variables(bind)
-        cases[f"plain-http {bind}"] = bind_variables(bind, inference_server_tls=False)
+    cases = {"no server variables": {}, **dict(variants())}
+    cases.update({f"plain-http {bind}": bind_variables(bind, inference_server_tls=False) for bind, _ in FRONTED})
     queries = [(name, case) for name in ("health_gate_url", *GATE_QUERIES) for case in cases]
     values = localhost_values(tmp_path_factory.mktemp("gate"), [(name, cases[case]) for name, case in queries],
                               GATE_DEFAULTS)  # fmt: skip

@@ -19,9 +19,14 @@ REPRO = f"x.service\n[Service]\n{INJECTED}"
 GATEWAY = {"_gateway_venv_dir": "/opt/smg-env.d/0123456789ab", "gateway_control_plane_api_key": "k" * 32}
 
 
+def one_line(text: str) -> str:
+    """``text`` on one line (Ansible wraps long messages)."""
+    return " ".join(text.split())
+
+
 def refusal(proc: subprocess.CompletedProcess) -> str:
-    """The run's output on one line (Ansible wraps long messages)."""
-    return " ".join((proc.stdout + proc.stderr).split())
+    """The run's output on one line."""
+    return one_line(proc.stdout + proc.stderr)
 
 
 CONTROL_CHARACTERS = [
@@ -43,7 +48,7 @@ def refusals(tmp_path_factory) -> dict[tuple[str, str], tuple[dict, Path]]:
 
 def said(result: dict) -> str:
     """A refused task's message on one line."""
-    return " ".join(str(result.get("msg", "")).split())
+    return one_line(str(result.get("msg", "")))
 
 
 @pytest.mark.parametrize("variable, value", CONTROL_CHARACTERS)

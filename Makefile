@@ -29,9 +29,11 @@ CPU_LOCK    := roles/ml_env/files/locks/transformers-cpu.txt
 # The gateway's lock (smg, roles/gateway) and its wheelhouse; the fleet scenario installs it offline.
 GW_LOCK       := roles/ml_env/files/locks/smg-1.13.0.txt
 GW_WHEELHOUSE := $(CACHE)/wheelhouse/smg-1.13.0
-# The baked rehearsal image is tagged with the lock's hash and the base image's build id, so a
-# new lock or a new base image bakes a new image.
-export MLENV_IMAGE := local/bookworm-systemd-mlenv:$(shell sha256sum $(CPU_LOCK) | cut -c1-12)-$(shell tools/build-base-image --id)
+# The baked rehearsal image is tagged with the hash of what bakes it (the ml_env role, its locks,
+# the bake playbook, the group_vars it reads) and the base image's build id (tools/mlenv-image-id),
+# so a change to any of them bakes a new image.
+MLENV_REPO := local/bookworm-systemd-mlenv
+export MLENV_IMAGE := $(MLENV_REPO):$(shell tools/mlenv-image-id)
 
 .PHONY: help demo test quick test-setup prereqs setup collections image image-mlenv wheelhouse tools-venv gateway-venv model sim-up sim-down prometheus \
         sglang-check-venv sglang-check-newest engine-flags lint pytest molecule reliability clean tiny-model-train
@@ -107,9 +109,12 @@ image: prereqs ## build the local systemd base image if it is missing
 	tools/build-base-image $(BASE_IMAGE)
 
 # What the bake needs, not the whole setup: it starts while the other wheelhouses download.
+# A new tag (tools/mlenv-image-id) bakes a new image and removes the older bakes no container uses.
 image-mlenv: prereqs $(VENV)/.installed collections image $(WHEELHOUSE)/.complete ## bake the rehearsal venv into $$MLENV_IMAGE (other scenarios start from it)
-	docker image inspect $(MLENV_IMAGE) >/dev/null 2>&1 || \
-	  ansible-playbook playbooks/bake-sim-image.yml -e bake_image=$(MLENV_IMAGE) -e bake_base_image=$(BASE_IMAGE)
+	docker image inspect $(MLENV_IMAGE) >/dev/null 2>&1 || { \
+	  ansible-playbook playbooks/bake-sim-image.yml -e bake_image=$(MLENV_IMAGE) -e bake_base_image=$(BASE_IMAGE) && \
+	  { docker image ls --format '{{.Repository}}:{{.Tag}}' $(MLENV_REPO) | grep -vxF '$(MLENV_IMAGE)' | \
+	    xargs -r docker image rm >/dev/null 2>&1 || true; }; }
 
 # The wheelhouses the tests install from offline, one per lock: the CPU profile's engine, its
 # candidate engine version (molecule/rollback upgrades to it and back) and the gateway.

@@ -8,18 +8,13 @@ returns a value from its module_utils, and two library folders that both hold a 
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from role_files import ansible_env, task_results
 
 ROOT = Path(__file__).resolve().parents[2]
-PLAYBOOK = ROOT / ".venv" / "bin" / "ansible-playbook"
-if not PLAYBOOK.exists():
-    PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
 MODULE = """#!/usr/bin/python
 from ansible.module_utils.basic import AnsibleModule
 {import_line}
@@ -68,30 +63,28 @@ def run(tree: Path, module: str, cache: bool = True, **env: str) -> object:
         "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
         f"    - {module}:\n      register: answer\n"
     )
-    environment = {key: value for key, value in os.environ.items() if not key.startswith(("ANSIBLE_", "ANSIBALLZ_"))}
-    environment.update(
+    # The test's own configuration and collection; the cache where this test says (make pytest sets one).
+    environment = ansible_env(
         ANSIBLE_CONFIG=str(tree / "ansible.cfg"),
         ANSIBLE_COLLECTIONS_PATH=str(tree / "collections"),
         ANSIBLE_STDOUT_CALLBACK="json",
-        ANSIBLE_LOCALHOST_WARNING="False",
-        ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
-        ANSIBLE_PYTHON_INTERPRETER=sys.executable,
         ANSIBLE_CALLBACK_PLUGINS=str(ROOT / "tools/controller-cache"),
         ANSIBLE_CALLBACKS_ENABLED="ansiballz_cache",
+        ANSIBALLZ_CONTROLLER_CACHE=str(tree / "cache"),
         **env,
     )
-    if cache:
-        environment["ANSIBALLZ_CONTROLLER_CACHE"] = str(tree / "cache")
-    done = subprocess.run([str(PLAYBOOK), str(tree / "play.yml")], capture_output=True, text=True, env=environment,
-                          cwd=tree, check=False)  # fmt: skip
+    if not cache:
+        del environment["ANSIBALLZ_CONTROLLER_CACHE"]
+    done = subprocess.run(["ansible-playbook", "-i", "localhost,", str(tree / "play.yml")], capture_output=True,
+                          text=True, env=environment, cwd=tree, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    result = json.loads(done.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
-    return result["value"]
+    return task_results(done)[0][1]["value"]
 
 
 def payloads(tree: Path, name: str) -> dict[Path, int]:
-    """The payloads kept for the module ``name``: path -> modification time (ns)."""
-    return {path: path.stat().st_mtime_ns for path in (tree / "cache").glob(f"*/*/ansiballz_cache/*{name}-*[!k]")}
+    """The payloads kept for the module ``name`` (not their lock files): path -> modification time (ns)."""
+    kept = (tree / "cache").glob(f"*/*/ansiballz_cache/*{name}-*")
+    return {path: path.stat().st_mtime_ns for path in kept if path.suffix != ".lock"}
 
 
 def test_a_later_run_takes_the_payload_and_an_edited_module_utils_file_builds_a_new_one(tree: Path) -> None:
